@@ -1,0 +1,32 @@
+# Two commands for a newcomer on a fresh machine (no venv, no TensorFlow):
+#   make demo   trains the digits example (checkpoints + TensorBoard events in runs/digits)
+#   make test   runs the test suite
+# Each creates .venv and installs what it needs on first use.
+
+PYTHON ?= python3
+VENV := .venv
+PY := $(VENV)/bin/python
+STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
+
+export TF_CPP_MIN_LOG_LEVEL := 2
+
+.PHONY: demo test lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install --quiet --upgrade pip
+	$(PY) -m pip install --quiet -e ".[test,examples,dev]"
+	rm -f $(VENV)/.installed-* && touch $@
+
+demo: $(STAMP)
+	$(PY) examples/digits.py --logdir runs/digits
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check asupervisor services tests examples
+	$(VENV)/bin/mypy
+
+clean:
+	rm -rf $(VENV) runs .pytest_cache .mypy_cache .ruff_cache

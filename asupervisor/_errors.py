@@ -1,0 +1,49 @@
+"""The errors asupervisor raises.
+
+Every error is a :class:`SupervisorError`; a few are also the standard
+exception a caller would naturally catch::
+
+    SupervisorError
+     ├── GracePeriodExpired      (also RuntimeError) a step outlived stop_grace_secs
+     ├── CheckpointMismatchError a checkpoint's variables do not match the model
+     ├── LogdirLockedError       another live chief holds the logdir
+     ├── WaitTimeout             (also TimeoutError) no checkpoint appeared in time
+     ├── NanLossError            a step's loss was NaN
+     └── StepTimeout             the watchdog saw a step run too long
+
+Errors raised by the user's own code (a step, a hook, a service) are never
+wrapped: they reach the caller as the same object, traceback intact.
+"""
+
+from __future__ import annotations
+
+
+class SupervisorError(Exception):
+    """Base class of every error asupervisor raises itself."""
+
+
+class GracePeriodExpired(SupervisorError, RuntimeError):
+    """A training step was still running when the stop grace period ran out.
+
+    ``__cause__`` is the error that started the stop, if there was one.
+    """
+
+
+class CheckpointMismatchError(SupervisorError):
+    """A checkpoint's variables do not match the objects being restored."""
+
+
+class LogdirLockedError(SupervisorError):
+    """Another live chief process holds the lock on this logdir."""
+
+
+class WaitTimeout(SupervisorError, TimeoutError):
+    """A non-chief waited ``max_wait_secs`` and no checkpoint appeared."""
+
+
+class NanLossError(SupervisorError):
+    """A training step returned a NaN loss."""
+
+
+class StepTimeout(SupervisorError):
+    """A training step ran longer than ``step_timeout_secs``."""

@@ -1,0 +1,224 @@
+"""The life of one session: start, run the body beside the services, stop.
+
+Stopping, in order: a stop is requested; the in-flight step is awaited (at most
+``stop_grace_secs``); on a clean stop the hooks' ``end`` runs and the final
+checkpoint is written; services get what is left of the grace period, then are
+cancelled; the events file is closed; the first error is re-raised unchanged.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from ._checkpoints import RestoreReport
+from ._errors import GracePeriodExpired, WaitTimeout
+from ._log import log
+from ._session import GlobalStep, ManagedSession
+from ._worker import TrainingThread, loop_caller
+
+if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
+    from ._supervisor import Supervisor
+
+
+class Lifecycle:
+    """Runs one session of a Supervisor from entry to exit."""
+
+    def __init__(self, sv: Supervisor) -> None:
+        self.sv = sv
+        self.coord = sv.coord
+        self.caller = loop_caller()
+        self.worker = TrainingThread(self.caller)
+        self.stuck: str | None = None  # the step still running after the grace period
+        self.cancelled: BaseException | None = None  # cancellation from outside the session
+
+    @asynccontextmanager
+    async def running(
+        self, wait_for_checkpoint: bool, max_wait_secs: float, standard_services: bool
+    ) -> AsyncIterator[ManagedSession]:
+        self.coord.clear_stop()
+        self.worker.start()
+        try:
+            sess = await self._start(wait_for_checkpoint, max_wait_secs)
+            async with anyio.create_task_group() as tg:
+                self._start_services(sess, tg, standard_services)
+                try:
+                    with anyio.CancelScope() as body:
+                        self.coord._bind(self.caller, body.cancel)
+                        tg.start_soon(self._watch_grace, sess, body, name="grace-watcher")
+                        yield sess
+                except BaseException as exc:  # the body's own error, or an outside cancellation
+                    self._body_raised(exc)
+                with anyio.CancelScope(shield=True):
+                    await self._stop(sess)
+                tg.cancel_scope.cancel()
+        finally:
+            self._close()
+        self._raise_outcome()
+
+    # -- start ----------------------------------------------------------------
+
+    async def _start(self, wait_for_checkpoint: bool, max_wait_secs: float) -> ManagedSession:
+        sv = self.sv
+        started = time.perf_counter()
+        if sv.is_chief and sv.logdir is not None:
+            os.makedirs(sv.logdir, exist_ok=True)
+        sv._checkpointer = sv._new_checkpointer()  # reads the state file as it is now
+        if wait_for_checkpoint and not sv.is_chief:
+            await self._wait_for_checkpoint(max_wait_secs)
+        writer = sv._make_writer()
+        sv._writer = writer
+        step = GlobalStep(sv.global_step, sv._owns_global_step)
+        checkpointer = sv._checkpointer if sv.checkpointing else None
+        sess = ManagedSession(sv, self.worker, step, checkpointer, writer, sv._make_loop)
+        sess.restore_report = await self.worker.run(self._restore_or_init, sess)
+        report = sess.restore_report
+        log.info(
+            "session.started",
+            step=report.step,
+            restored_from=report.path,
+            source=report.source,
+            is_chief=sv.is_chief,
+            seconds=round(time.perf_counter() - started, 4),
+        )
+        return sess
+
+    async def _wait_for_checkpoint(self, max_wait_secs: float) -> None:
+        assert self.sv._checkpointer is not None, "wait_for_checkpoint needs a logdir"
+        deadline = anyio.current_time() + max_wait_secs
+        while self.sv._checkpointer.latest() is None:
+            remaining = deadline - anyio.current_time()
+            if remaining <= 0:
+                raise WaitTimeout(f"no checkpoint appeared in {self.sv.logdir!r} in {max_wait_secs} s")
+            log.info("checkpoint.waiting", logdir=self.sv.logdir, remaining_secs=round(remaining, 1))
+            await anyio.sleep(min(self.sv.recovery_wait_secs, remaining))
+
+    def _restore_or_init(self, sess: ManagedSession) -> RestoreReport:
+        """On the training thread: restore the newest checkpoint, or initialize."""
+        sv, step = self.sv, sess._step_var
+        if sess._writer is not None:
+            # Steps that call tf.summary.* write into this run's events file.
+            sess._writer.set_as_default(step=sv.global_step)
+        for hook in sv.hooks:
+            hook.begin(sv)
+        path = sv._checkpointer.latest() if sv._checkpointer is not None else None
+        if path is not None:
+            started = time.perf_counter()
+            sv._checkpointer.restore(path)  # type: ignore[union-attr]
+            step.reload()
+            sv._checkpointer.last_saved_step = step.value  # type: ignore[union-attr]
+            log.info("checkpoint.restored", path=path, step=step.value,
+                     seconds=round(time.perf_counter() - started, 4))
+            report = RestoreReport("checkpoint", path, step.value)
+        else:
+            step.reload()
+            source = "fresh"
+            if sv.init_fn is not None and sv.is_chief:
+                sv.init_fn()
+                source = "init_fn"
+            report = RestoreReport(source, None, step.value)  # type: ignore[arg-type]
+            sess._save_checkpoint()  # so that init_fn's work is never lost
+        for hook in sv.hooks:
+            hook.after_create_session(sess)
+        return report
+
+    def _start_services(self, sess: ManagedSession, tg: TaskGroup, standard: bool) -> None:
+        sess._task_group = tg
+        regs = self.sv._standard_services(sess._writer) if standard else []
+        for reg in [*regs, *self.sv._services]:
+            sess._start(reg)
+
+    # -- stop -----------------------------------------------------------------
+
+    def _body_raised(self, exc: BaseException) -> None:
+        if isinstance(exc, anyio.get_cancelled_exc_class()):
+            # Our own cancellation of the body never gets here (its scope absorbs it).
+            self.cancelled = exc
+            self.coord._request(None, "requested")
+        else:
+            self.coord.request_stop(exc)
+
+    def _grace_left(self) -> float:
+        """Seconds left of the grace period that began when the stop was requested."""
+        stopped_at = self.coord.stopped_at
+        if stopped_at is None:
+            return self.sv.stop_grace_secs
+        return max(0.0, stopped_at + self.sv.stop_grace_secs - time.monotonic())
+
+    def _report_stuck(self, sess: ManagedSession) -> None:
+        current = self.worker.current
+        self.stuck = current.name if current is not None else "a training-thread job"
+        log.error("session.step_stuck", step=sess.global_step, job=self.stuck,
+                  grace_secs=self.sv.stop_grace_secs)
+
+    async def _watch_grace(self, sess: ManagedSession, body: anyio.CancelScope) -> None:
+        """A body still waiting for a step a grace period after the stop gives up on it."""
+        await self.coord.wait_for_stop()
+        await anyio.sleep(self._grace_left())
+        current = self.worker.current
+        if current is not None and current.fn == sess._run_step and not body.cancel_called:
+            self._report_stuck(sess)
+            body.cancel()
+
+    async def _stop(self, sess: ManagedSession) -> None:
+        self.coord._request(None, "requested")
+        with anyio.move_on_after(self._grace_left()) as waited:
+            await self.worker.drain()  # the in-flight step, and anything queued behind it
+        if waited.cancelled_caught:
+            if self.stuck is None:
+                self._report_stuck(sess)
+        elif self.cancelled is None and self.coord.error is None:
+            try:
+                await self.worker.run(self._finish, sess)
+            except Exception as exc:
+                self.coord.request_stop(exc)
+        with anyio.move_on_after(self._grace_left()) as services:
+            await sess._wait_services()
+        if services.cancelled_caught:
+            log.warning("service.cancelled", running=sess._running_services,
+                        grace_secs=self.sv.stop_grace_secs)
+
+    def _finish(self, sess: ManagedSession) -> None:
+        """On the training thread, after a clean stop: hooks' end, then the final save."""
+        for hook in self.sv.hooks:
+            hook.end(sess)
+        sess._save_checkpoint()
+
+    def _close(self) -> None:
+        self.coord._unbind()
+        sv = self.sv
+        if sv._writer is not None:
+            if sv._summary_writer_arg == "auto":
+                sv._writer.close()  # flushes; a writer the user gave stays theirs
+            else:
+                sv._writer.flush()
+            sv._writer = None
+        self.worker.stop()
+        if self.stuck is None:
+            self.worker.join(timeout=self.sv.stop_grace_secs or None)
+        log.info(
+            "session.stopped",
+            step=int(sv.global_step.numpy()),
+            reason=self.coord.reason,
+            error=None if self.coord.error is None else repr(self.coord.error),
+            stuck_step=self.stuck,
+        )
+
+    def _raise_outcome(self) -> None:
+        if self.cancelled is not None:
+            raise self.cancelled
+        error: Any = self.coord.error
+        if self.stuck is not None:
+            raise GracePeriodExpired(
+                f"step {self.stuck!r} was still running {self.sv.stop_grace_secs} s "
+                "(stop_grace_secs) after the stop; no final checkpoint was written"
+            ) from error
+        if error is not None:
+            raise error

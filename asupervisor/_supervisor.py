@@ -1,0 +1,297 @@
+"""Supervisor: the configuration of a supervised training run, and its sessions.
+
+The Supervisor is the composition root: the one place that turns its arguments
+into the standard services and wires them into a session.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import AsyncIterator, Callable, Iterable, Mapping
+from contextlib import asynccontextmanager
+from typing import TYPE_CHECKING, Any, overload
+
+from . import _validate as check
+from ._checkpoints import Checkpointer, track_global_step
+from ._coordinator import Coordinator
+from ._hooks import Hook
+from ._lifecycle import Lifecycle
+from ._services import Registration, register
+from ._session import ManagedSession
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+ServiceFn = Callable[[ManagedSession], Any]
+
+
+class Supervisor:
+    """Supervises long TensorFlow training: checkpoints, summaries, services, stops.
+
+    See the README and the API contract for every argument. Settings are checked
+    here, once, and a bad one raises ``ValueError`` naming it.
+    """
+
+    def __init__(
+        self,
+        logdir: str | os.PathLike[str] | None,
+        *,
+        checkpoint: tf.train.Checkpoint | Mapping[str, Any] | None = None,
+        global_step: Any = None,
+        is_chief: bool = True,
+        init_fn: Callable[[], Any] | None = None,
+        save_model_secs: float = 600,
+        save_model_steps: int | None = None,
+        checkpoint_basename: str = "model.ckpt",
+        max_to_keep: int | None = 5,
+        keep_checkpoint_every_n_hours: float | None = None,
+        async_checkpoint: bool = False,
+        save_summaries_secs: float = 120,
+        summary_fn: Callable[[], Mapping[str, Any]] | None = None,
+        stop_grace_secs: float = 120,
+        recovery_wait_secs: float = 30,
+        recoverable_errors: tuple[type[BaseException], ...] | None = None,
+        max_recoveries: int = 3,
+        handle_signals: bool = True,
+        hooks: Iterable[Hook] = (),
+        summary_writer: Any = "auto",
+        step_timeout_secs: float | None = None,
+    ) -> None:
+        self.logdir = _check_logdir(logdir)
+        self.is_chief = check.boolean("is_chief", is_chief)
+        self.init_fn = check.optional_callable("init_fn", init_fn)
+        self.save_model_secs = check.non_negative("save_model_secs", save_model_secs)
+        self.save_model_steps = check.optional_positive_int("save_model_steps", save_model_steps)
+        self.checkpoint_basename = _check_basename(checkpoint_basename)
+        self.max_to_keep = check.optional_positive_int("max_to_keep", max_to_keep)
+        self.keep_checkpoint_every_n_hours = check.optional_positive(
+            "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours
+        )
+        # Stored for the asynchronous writer (a later issue); checked now.
+        self.async_checkpoint = check.boolean("async_checkpoint", async_checkpoint)
+        self.save_summaries_secs = check.non_negative("save_summaries_secs", save_summaries_secs)
+        self.summary_fn = check.optional_callable("summary_fn", summary_fn)
+        self.stop_grace_secs = check.non_negative("stop_grace_secs", stop_grace_secs)
+        self.recovery_wait_secs = check.positive("recovery_wait_secs", recovery_wait_secs)
+        self.recoverable_errors = _check_error_types(recoverable_errors)
+        self.max_recoveries = check.non_negative_int("max_recoveries", max_recoveries)
+        self.handle_signals = check.boolean("handle_signals", handle_signals)
+        self.hooks = _check_hooks(hooks)
+        self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
+        self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
+
+        self.coord = Coordinator()
+        self.global_step, self._owns_global_step = _make_global_step(global_step)
+        self.checkpoint = _make_checkpoint(checkpoint)
+        track_global_step(self.checkpoint, self.global_step)
+        self._services: list[Registration] = []
+        self._checkpointer = self._new_checkpointer()
+        self._writer: tf.summary.SummaryWriter | None = None
+        self._open = False
+
+    # -- what a session is made of -----------------------------------------
+
+    @property
+    def checkpointing(self) -> bool:
+        """Whether this process writes checkpoints (a chief with somewhere to write)."""
+        return (
+            self.is_chief
+            and self.logdir is not None
+            and (self.save_model_secs > 0 or self.save_model_steps is not None)
+        )
+
+    @property
+    def checkpoint_manager(self) -> tf.train.CheckpointManager | None:
+        return self._checkpointer.manager if self._checkpointer is not None else None
+
+    @property
+    def summary_writer(self) -> tf.summary.SummaryWriter | None:
+        """The writer of the open session's events file (or the one given), else ``None``."""
+        if self._writer is not None:
+            return self._writer
+        arg = self._summary_writer_arg
+        return None if arg in ("auto", None) else arg
+
+    def _new_checkpointer(self) -> Checkpointer | None:
+        if self.logdir is None:
+            return None
+        return Checkpointer(
+            self.checkpoint,
+            self.logdir,
+            basename=self.checkpoint_basename,
+            max_to_keep=self.max_to_keep,
+            keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
+        )
+
+    def _make_writer(self) -> tf.summary.SummaryWriter | None:
+        """A new events file for this session, if this process writes summaries."""
+        arg = self._summary_writer_arg
+        if arg != "auto":
+            return arg  # type: ignore[no-any-return]
+        if self.logdir is None or not self.is_chief:
+            return None
+        import tensorflow as tf
+
+        return tf.summary.create_file_writer(self.logdir)
+
+    def _standard_services(self, writer: Any) -> list[Registration]:
+        from .services import CheckpointService, StepCounterService, SummaryService
+
+        regs = []
+        if self.checkpointing and self.save_model_secs > 0:
+            regs.append(register(CheckpointService(self.save_model_secs)))
+        if writer is not None and self.save_summaries_secs > 0:
+            if self.summary_fn is not None:
+                regs.append(register(SummaryService(self.save_summaries_secs, self.summary_fn), on_error="restart"))
+            regs.append(register(StepCounterService(self.save_summaries_secs), on_error="restart"))
+        return regs
+
+    def _make_loop(self, interval_secs: float, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        from .services import LoopService
+
+        return LoopService(interval_secs, target, args, kwargs)
+
+    # -- services -----------------------------------------------------------
+
+    @overload
+    def service(self, fn: ServiceFn, /) -> ServiceFn: ...
+    @overload
+    def service(self, *, on_error: str = ..., max_restarts: int = ...) -> Callable[[ServiceFn], ServiceFn]: ...
+
+    def service(self, fn: ServiceFn | None = None, /, *, on_error: str = "stop", max_restarts: int = 3) -> Any:
+        """Decorator: run ``async def fn(sess)`` as a service in every session; returns ``fn``."""
+
+        def decorate(fn: ServiceFn) -> ServiceFn:
+            self.add_service(fn, on_error=on_error, max_restarts=max_restarts)
+            return fn
+
+        return decorate if fn is None else decorate(fn)
+
+    def add_service(self, service: Any, *, on_error: str = "stop", max_restarts: int = 3) -> None:
+        """Run ``service`` (a Service or a coroutine function) in every session."""
+        self._services.append(register(service, on_error=on_error, max_restarts=max_restarts))
+
+    def loop(self, interval_secs: float, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+        """In every session, call ``target`` at once and then every ``interval_secs``."""
+        self.add_service(self._make_loop(interval_secs, target, args, kwargs))
+
+    # -- stopping -----------------------------------------------------------
+
+    def should_stop(self) -> bool:
+        return self.coord.should_stop()
+
+    def request_stop(self, exc: BaseException | None = None) -> None:
+        self.coord.request_stop(exc)
+
+    # -- the session ----------------------------------------------------------
+
+    @asynccontextmanager
+    async def session(
+        self,
+        *,
+        wait_for_checkpoint: bool = False,
+        max_wait_secs: float = 7200,
+        start_standard_services: bool = True,
+    ) -> AsyncIterator[ManagedSession]:
+        """Restore or initialize, start the services, and yield the running session.
+
+        Leaving the block stops everything gracefully: see the README.
+        """
+        check.boolean("wait_for_checkpoint", wait_for_checkpoint)
+        check.non_negative("max_wait_secs", max_wait_secs)
+        check.boolean("start_standard_services", start_standard_services)
+        if self._open:
+            raise RuntimeError("this Supervisor already has an open session")
+        self._open = True
+        try:
+            life = Lifecycle(self)
+            async with life.running(wait_for_checkpoint, max_wait_secs, start_standard_services) as sess:
+                yield sess
+        finally:
+            self._open = False
+
+
+def _check_logdir(logdir: Any) -> str | None:
+    if logdir is None:
+        return None
+    if not isinstance(logdir, (str, os.PathLike)) or not os.fspath(logdir):
+        raise ValueError(f"logdir must be a path or None, not {logdir!r}")
+    path = os.fspath(logdir)
+    if not isinstance(path, str):
+        raise ValueError(f"logdir must be a text path, not {logdir!r}")
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise ValueError(f"logdir {path!r} exists and is not a directory")
+    return path
+
+
+def _check_basename(basename: Any) -> str:
+    if not isinstance(basename, str) or not basename or os.sep in basename:
+        raise ValueError(f"checkpoint_basename must be a non-empty file name, not {basename!r}")
+    return basename
+
+
+def _check_error_types(types: Any) -> tuple[type[BaseException], ...]:
+    if types is None:
+        import tensorflow as tf
+
+        return (tf.errors.AbortedError, tf.errors.UnavailableError)
+    types = tuple(types) if isinstance(types, (tuple, list)) else types
+    if not isinstance(types, tuple) or not all(
+        isinstance(t, type) and issubclass(t, BaseException) for t in types
+    ):
+        raise ValueError(f"recoverable_errors must be a tuple of exception classes, not {types!r}")
+    return types
+
+
+def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
+    hooks = tuple(hooks)
+    for hook in hooks:
+        if not isinstance(hook, Hook):
+            raise ValueError(f"hooks must be asupervisor.Hook instances, not {hook!r}")
+    return hooks
+
+
+def _check_summary_writer(writer: Any, summary_fn: Any, logdir: str | None) -> Any:
+    if writer not in ("auto", None):
+        import tensorflow as tf
+
+        if not isinstance(writer, tf.summary.SummaryWriter):
+            raise ValueError(
+                f"summary_writer must be 'auto', None or a tf.summary.SummaryWriter, not {writer!r}"
+            )
+    if summary_fn is not None and (writer is None or (writer == "auto" and logdir is None)):
+        raise ValueError(
+            "summary_fn is given but summaries are disabled "
+            "(summary_writer=None, or logdir=None with summary_writer='auto')"
+        )
+    return writer
+
+
+def _make_global_step(variable: Any) -> tuple[Any, bool]:
+    import tensorflow as tf
+
+    if variable is None:
+        return tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False), True
+    try:
+        is_integer = tf.as_dtype(variable.dtype).is_integer
+        is_scalar = tuple(variable.shape) == ()
+        is_variable = hasattr(variable, "assign_add")
+    except (AttributeError, TypeError):
+        is_integer = is_scalar = is_variable = False
+    if not (is_integer and is_scalar and is_variable):
+        raise ValueError(f"global_step must be a scalar integer tf.Variable, not {variable!r}")
+    return variable, False
+
+
+def _make_checkpoint(checkpoint: Any) -> tf.train.Checkpoint:
+    import tensorflow as tf
+
+    if checkpoint is None:
+        return tf.train.Checkpoint()
+    if isinstance(checkpoint, tf.train.Checkpoint):
+        return checkpoint
+    if isinstance(checkpoint, Mapping):
+        return tf.train.Checkpoint(**checkpoint)
+    raise ValueError(
+        f"checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, not {checkpoint!r}"
+    )

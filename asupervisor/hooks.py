@@ -1,0 +1,98 @@
+"""The standard hooks: stop at a step, stop on NaN, log every so often."""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping
+from typing import Any
+
+from ._errors import NanLossError
+from ._hooks import Hook, RunContext
+from ._log import log
+from ._session import ManagedSession
+from ._validate import exactly_one, non_negative_int, optional_positive, optional_positive_int
+
+__all__ = ["Hook", "LoggingHook", "NanLossHook", "RunContext", "StopAtStepHook"]
+
+
+class StopAtStepHook(Hook):
+    """Stop once the global step reaches ``last_step`` (or ``num_steps`` past the start)."""
+
+    def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
+        exactly_one(num_steps=num_steps, last_step=last_step)
+        optional_positive_int("num_steps", num_steps)
+        if last_step is not None:
+            non_negative_int("last_step", last_step)
+        self._num_steps = num_steps
+        self._last_step = last_step
+        self.last_step: int | None = last_step
+
+    def after_create_session(self, session: ManagedSession) -> None:
+        if self._num_steps is not None:
+            self.last_step = session.global_step + self._num_steps
+        self._check(session)
+
+    def after_run(self, ctx: RunContext, result: Any) -> None:
+        self._check(ctx.session)
+
+    def _check(self, session: ManagedSession) -> None:
+        if self.last_step is not None and session.global_step >= self.last_step:
+            session._request_stop("step_limit")
+
+
+def _loss_of(result: Any) -> Any:
+    if isinstance(result, Mapping):
+        return result.get("loss")
+    return result
+
+
+class NanLossHook(Hook):
+    """Fail (``NanLossError``) or stop (reason ``nan``) when a step's loss is NaN."""
+
+    def __init__(self, fail_on_nan: bool = True) -> None:
+        self.fail_on_nan = fail_on_nan
+
+    def after_run(self, ctx: RunContext, result: Any) -> None:
+        loss = _loss_of(result)
+        if loss is None or not math.isnan(float(loss)):
+            return
+        message = f"NaN loss at global step {ctx.session.global_step}"
+        if self.fail_on_nan:
+            raise NanLossError(message)
+        log.error("step.nan", step=ctx.session.global_step)
+        ctx.session._request_stop("nan")
+
+
+class LoggingHook(Hook):
+    """Log the step and its result (``step.logged``) every N steps or every N seconds."""
+
+    def __init__(self, every_n_steps: int | None = None, every_n_secs: float | None = None) -> None:
+        exactly_one(every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        optional_positive_int("every_n_steps", every_n_steps)
+        optional_positive("every_n_secs", every_n_secs)
+        self._every_steps = every_n_steps
+        self._every_secs = every_n_secs
+        self._last_time = -math.inf
+        self._last_step: int | None = None
+
+    def after_run(self, ctx: RunContext, result: Any) -> None:
+        step, now = ctx.session.global_step, time.monotonic()
+        if self._every_steps is not None:
+            due = self._last_step is None or step - self._last_step >= self._every_steps
+        else:
+            due = now - self._last_time >= (self._every_secs or 0.0)
+        if due:
+            self._last_step, self._last_time = step, now
+            log.info("step.logged", step=step, **_loggable(result))
+
+
+def _loggable(result: Any) -> dict[str, Any]:
+    values = result if isinstance(result, Mapping) else {"result": result}
+    out: dict[str, Any] = {}
+    for key, value in values.items():
+        try:
+            out[str(key)] = float(value)
+        except (TypeError, ValueError):
+            out[str(key)] = repr(value)
+    return out

@@ -1,0 +1,51 @@
+"""Shared fixtures. TensorFlow is quieted before anything imports it."""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+from collections.abc import Iterator  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import pytest  # noqa: E402
+import structlog  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+
+@pytest.fixture
+def logdir(tmp_path: Path) -> str:
+    return str(tmp_path / "run")
+
+
+@pytest.fixture
+def events() -> Iterator[list[dict[str, Any]]]:
+    """The library's structured log events, captured."""
+    with structlog.testing.capture_logs() as logs:
+        yield logs
+
+
+class Pair(tf.Module):
+    """Two variables that one step advances one after the other."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = tf.Variable(0.0)
+        self.b = tf.Variable(0.0)
+
+    @tf.function
+    def step(self) -> dict[str, tf.Tensor]:
+        self.a.assign_add(1.0)
+        self.b.assign_add(1.0)
+        return {"loss": self.a}
+
+
+@pytest.fixture
+def pair() -> Pair:
+    return Pair()
+
+
+def named(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]

@@ -1,0 +1,115 @@
+"""Every setting is checked at construction, with a ValueError naming the argument."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor.hooks import LoggingHook, StopAtStepHook
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named"),
+    [
+        ({"save_model_secs": -1}, "save_model_secs"),
+        ({"save_model_secs": float("inf")}, "save_model_secs"),
+        ({"save_model_steps": 0}, "save_model_steps"),
+        ({"save_model_steps": 2.5}, "save_model_steps"),
+        ({"max_to_keep": 0}, "max_to_keep"),
+        ({"keep_checkpoint_every_n_hours": 0}, "keep_checkpoint_every_n_hours"),
+        ({"save_summaries_secs": -0.5}, "save_summaries_secs"),
+        ({"stop_grace_secs": -1}, "stop_grace_secs"),
+        ({"recovery_wait_secs": 0}, "recovery_wait_secs"),
+        ({"max_recoveries": -1}, "max_recoveries"),
+        ({"step_timeout_secs": 0}, "step_timeout_secs"),
+        ({"is_chief": "yes"}, "is_chief"),
+        ({"async_checkpoint": 1}, "async_checkpoint"),
+        ({"handle_signals": None}, "handle_signals"),
+        ({"init_fn": 42}, "init_fn"),
+        ({"summary_fn": "loss"}, "summary_fn"),
+        ({"checkpoint_basename": ""}, "checkpoint_basename"),
+        ({"checkpoint_basename": "a/b"}, "checkpoint_basename"),
+        ({"recoverable_errors": (ValueError, 3)}, "recoverable_errors"),
+        ({"hooks": [object()]}, "hooks"),
+        ({"summary_writer": "yes"}, "summary_writer"),
+        ({"checkpoint": 3}, "checkpoint"),
+        ({"global_step": tf.Variable(1.5)}, "global_step"),
+        ({"global_step": tf.Variable([1, 2])}, "global_step"),
+        ({"global_step": 7}, "global_step"),
+    ],
+)
+def test_bad_setting_names_the_argument(logdir: str, kwargs: dict[str, Any], named: str) -> None:
+    with pytest.raises(ValueError, match=named):
+        asv.Supervisor(logdir, **kwargs)
+
+
+def test_summary_fn_without_anywhere_to_write_is_refused() -> None:
+    with pytest.raises(ValueError, match="summary_fn"):
+        asv.Supervisor(None, summary_fn=lambda: {"x": 1.0})
+    with pytest.raises(ValueError, match="summary_writer=None"):
+        asv.Supervisor("unused", summary_fn=lambda: {"x": 1.0}, summary_writer=None)
+
+
+def test_logdir_that_is_a_file_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "file"
+    path.write_text("not a directory")
+    with pytest.raises(ValueError, match="logdir"):
+        asv.Supervisor(str(path))
+
+
+def test_exclusive_hook_arguments() -> None:
+    with pytest.raises(ValueError, match="num_steps or last_step"):
+        StopAtStepHook()
+    with pytest.raises(ValueError, match="num_steps and last_step"):
+        StopAtStepHook(num_steps=1, last_step=2)
+    with pytest.raises(ValueError, match="every_n_steps and every_n_secs"):
+        LoggingHook(every_n_steps=1, every_n_secs=1.0)
+
+
+def test_service_policy_is_checked(logdir: str) -> None:
+    sv = asv.Supervisor(logdir)
+
+    async def svc(sess: asv.ManagedSession) -> None: ...
+
+    with pytest.raises(ValueError, match="on_error"):
+        sv.add_service(svc, on_error="ignore")
+    with pytest.raises(ValueError, match="max_restarts"):
+        sv.add_service(svc, max_restarts=-1)
+    with pytest.raises(TypeError, match="coroutine function"):
+        sv.add_service(lambda sess: None)
+    with pytest.raises(ValueError, match="interval_secs"):
+        sv.loop(0, print)
+
+
+def test_defaults_follow_the_contract(logdir: str) -> None:
+    sv = asv.Supervisor(logdir)
+    assert sv.save_model_secs == 600
+    assert sv.save_summaries_secs == 120
+    assert sv.stop_grace_secs == 120
+    assert sv.recovery_wait_secs == 30
+    assert sv.max_to_keep == 5
+    assert sv.checkpoint_basename == "model.ckpt"
+    assert sv.recoverable_errors == (tf.errors.AbortedError, tf.errors.UnavailableError)
+    assert sv.is_chief and sv.handle_signals and not sv.async_checkpoint
+    assert sv.global_step.dtype == tf.int64 and sv.global_step.name.startswith("global_step")
+    assert sv.checkpoint.global_step is sv.global_step
+    assert isinstance(sv.checkpoint_manager, tf.train.CheckpointManager)
+    assert isinstance(sv.coord, asv.Coordinator)
+
+
+def test_mapping_becomes_a_checkpoint_with_the_step(logdir: str) -> None:
+    v = tf.Variable(3.0)
+    sv = asv.Supervisor(logdir, checkpoint={"v": v})
+    assert isinstance(sv.checkpoint, tf.train.Checkpoint)
+    assert sv.checkpoint.v is v and sv.checkpoint.global_step is sv.global_step
+
+
+def test_no_logdir_means_no_checkpoints_or_summaries() -> None:
+    sv = asv.Supervisor(None)
+    assert sv.checkpoint_manager is None
+    assert sv.summary_writer is None
+    assert not sv.checkpointing
