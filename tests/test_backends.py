@@ -1,0 +1,48 @@
+"""The session works on both of anyio's backends (asyncio and trio)."""
+
+from __future__ import annotations
+
+import time
+
+import anyio
+import pytest
+
+import asupervisor as asv
+from tests.conftest import Pair
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.mark.anyio
+async def test_steps_services_errors_and_grace_on_each_backend(logdir: str) -> None:
+    pair = Pair()
+    sv = asv.Supervisor(logdir, checkpoint={"p": pair}, save_model_secs=0.05, stop_grace_secs=0.3,
+                        save_summaries_secs=0, handle_signals=False)
+    ticks: list[int] = []
+    sv.loop(0.02, lambda: ticks.append(1))
+    async with sv.session() as sess:
+        for _ in range(10):
+            await sess.run(pair.step)
+        await sess.run(time.sleep, 0.2)
+    assert sess.global_step == 11 and len(ticks) >= 3
+    boom = ValueError("same object on every backend")
+
+    def fail() -> None:
+        raise boom
+
+    with pytest.raises(ValueError) as raised:
+        async with sv.session() as sess:
+            assert sess.restore_report.step == 11
+            await sess.run(fail)
+    assert raised.value is boom
+
+    started = time.monotonic()
+    with pytest.raises(asv.GracePeriodExpired):
+        async with sv.session() as sess:
+            sess.loop(0.05, sess.request_stop)
+            await sess.run(time.sleep, 2)
+    assert time.monotonic() - started < 1.5
+    await anyio.sleep(0)

@@ -1,0 +1,102 @@
+"""TensorBoard events: summary_fn, global_step/sec, summaries from steps, read back with TensorBoard."""
+
+from __future__ import annotations
+
+import glob
+import os
+from typing import Any
+
+import anyio
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import asupervisor as asv
+from tests.conftest import Pair
+
+pytestmark = pytest.mark.asyncio
+
+
+def read_events(logdir: str) -> tuple[list[str], EventAccumulator]:
+    files = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+    acc = EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    return files, acc
+
+
+def scalars(acc: EventAccumulator, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+
+
+async def test_summary_fn_values_and_step_rate_are_written(logdir: str, pair: Pair) -> None:
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"pair": pair},
+        save_model_secs=0,
+        save_summaries_secs=0.1,
+        summary_fn=lambda: {"a": pair.a, "twice_b": float(pair.b.numpy()) * 2, "both": tf.stack([pair.a, pair.b])},
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        for _ in range(40):
+            await sess.run(pair.step)
+            await anyio.sleep(0.01)
+    files, acc = read_events(logdir)
+    assert len(files) == 1
+    a_values = scalars(acc, "a")
+    assert len(a_values) >= 2
+    assert all(value == step for step, value in a_values), a_values
+    assert a_values[-1] == (40, 40.0)  # the final write after the last step
+    assert scalars(acc, "twice_b")[-1] == (40, 80.0)
+    rates = scalars(acc, "global_step/sec")
+    assert rates and all(rate > 0 for _, rate in rates)
+    assert "both" in acc.Tags()["tensors"]  # rank 1: a histogram
+
+
+async def test_steps_write_summaries_into_the_runs_events_file(logdir: str) -> None:
+    sv = asv.Supervisor(logdir, save_model_secs=0, save_summaries_secs=0, handle_signals=False)
+
+    def step() -> None:
+        tf.summary.scalar("from_step", 1.5)
+
+    async with sv.session() as sess:
+        for _ in range(3):
+            await sess.run(step)
+        sess.summary_computed({"by_hand": 7}, step=100)
+        assert sv.summary_writer is not None
+    files, acc = read_events(logdir)
+    assert len(files) == 1
+    assert [s for s, _ in scalars(acc, "from_step")] == [0, 1, 2]
+    assert scalars(acc, "by_hand") == [(100, 7.0)]
+    assert sv.summary_writer is None  # closed with the session
+
+
+async def test_each_session_makes_its_own_events_file(logdir: str, pair: Pair) -> None:
+    for _ in range(2):
+        sv = asv.Supervisor(logdir, checkpoint={"pair": pair}, save_summaries_secs=0, handle_signals=False)
+        async with sv.session() as sess:
+            await sess.run(pair.step)
+            sess.summary_computed({"x": 1.0})
+    files, acc = read_events(logdir)
+    assert len(files) == 2
+    assert [s for s, _ in scalars(acc, "x")] == [1, 2]
+
+
+async def test_no_events_without_a_logdir_or_with_writer_none(logdir: str, events: list[dict[str, Any]]) -> None:
+    sv = asv.Supervisor(logdir, summary_writer=None, save_model_secs=0, handle_signals=False)
+    async with sv.session() as sess:
+        sess.summary_computed({"x": 1.0})
+    assert glob.glob(os.path.join(logdir, "events.*")) == []
+    assert any(e["event"] == "summary.disabled" for e in events)
+
+
+async def test_a_users_writer_is_used_and_left_open(tmp_path: Any) -> None:
+    writer = tf.summary.create_file_writer(str(tmp_path / "mine"))
+    sv = asv.Supervisor(None, summary_writer=writer, save_summaries_secs=0, handle_signals=False)
+    async with sv.session() as sess:
+        sess.summary_computed({"y": 2.0}, step=5)
+    with writer.as_default():
+        tf.summary.scalar("after", 1.0, step=6)  # still usable
+    writer.close()
+    _, acc = read_events(str(tmp_path / "mine"))
+    assert scalars(acc, "y") == [(5, 2.0)]
