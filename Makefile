@@ -8,8 +8,6 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-export TF_CPP_MIN_LOG_LEVEL := 2
-
 .PHONY: demo test lint clean
 
 $(STAMP): pyproject.toml

@@ -36,8 +36,7 @@ class Coordinator:
         self, clean_stop_exception_types: tuple[type[BaseException], ...] | None = None
     ) -> None:
         if clean_stop_exception_types is not None and not all(
-            isinstance(t, type) and issubclass(t, BaseException)
-            for t in clean_stop_exception_types
+            isinstance(t, type) and issubclass(t, BaseException) for t in clean_stop_exception_types
         ):
             raise ValueError("clean_stop_exception_types must be a tuple of exception classes")
         self._clean = clean_stop_exception_types

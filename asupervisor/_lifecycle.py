@@ -96,8 +96,12 @@ class Lifecycle:
         while self.sv._checkpointer.latest() is None:
             remaining = deadline - anyio.current_time()
             if remaining <= 0:
-                raise WaitTimeout(f"no checkpoint appeared in {self.sv.logdir!r} in {max_wait_secs} s")
-            log.info("checkpoint.waiting", logdir=self.sv.logdir, remaining_secs=round(remaining, 1))
+                raise WaitTimeout(
+                    f"no checkpoint appeared in {self.sv.logdir!r} in {max_wait_secs} s"
+                )
+            log.info(
+                "checkpoint.waiting", logdir=self.sv.logdir, remaining_secs=round(remaining, 1)
+            )
             await anyio.sleep(min(self.sv.recovery_wait_secs, remaining))
 
     def _restore_or_init(self, sess: ManagedSession) -> RestoreReport:
@@ -114,8 +118,12 @@ class Lifecycle:
             sv._checkpointer.restore(path)  # type: ignore[union-attr]
             step.reload()
             sv._checkpointer.last_saved_step = step.value  # type: ignore[union-attr]
-            log.info("checkpoint.restored", path=path, step=step.value,
-                     seconds=round(time.perf_counter() - started, 4))
+            log.info(
+                "checkpoint.restored",
+                path=path,
+                step=step.value,
+                seconds=round(time.perf_counter() - started, 4),
+            )
             report = RestoreReport("checkpoint", path, step.value)
         else:
             step.reload()
@@ -155,8 +163,12 @@ class Lifecycle:
     def _report_stuck(self, sess: ManagedSession) -> None:
         current = self.worker.current
         self.stuck = current.name if current is not None else "a training-thread job"
-        log.error("session.step_stuck", step=sess.global_step, job=self.stuck,
-                  grace_secs=self.sv.stop_grace_secs)
+        log.error(
+            "session.step_stuck",
+            step=sess.global_step,
+            job=self.stuck,
+            grace_secs=self.sv.stop_grace_secs,
+        )
 
     async def _watch_grace(self, sess: ManagedSession, body: anyio.CancelScope) -> None:
         """A body still waiting for a step a grace period after the stop gives up on it."""
@@ -182,8 +194,11 @@ class Lifecycle:
         with anyio.move_on_after(self._grace_left()) as services:
             await sess._wait_services()
         if services.cancelled_caught:
-            log.warning("service.cancelled", running=sess._running_services,
-                        grace_secs=self.sv.stop_grace_secs)
+            log.warning(
+                "service.cancelled",
+                running=sess._running_services,
+                grace_secs=self.sv.stop_grace_secs,
+            )
 
     def _finish(self, sess: ManagedSession) -> None:
         """On the training thread, after a clean stop: hooks' end, then the final save."""

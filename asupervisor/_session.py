@@ -84,7 +84,9 @@ class ManagedSession:
         """Run ``fn`` on the training thread, at a step boundary, counting no step."""
         return await self._worker.run(fn, *args, **kwargs)
 
-    def _run_step(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_step(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
         hooks = self._hooks
         ctx = RunContext(self._step_var.value, args, kwargs, self) if hooks else None
         for hook in hooks:
@@ -157,7 +159,9 @@ class ManagedSession:
 
     # -- services -----------------------------------------------------------
 
-    def loop(self, interval_secs: float, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def loop(
+        self, interval_secs: float, target: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
         """Call ``target(*args, **kwargs)`` now, then every ``interval_secs``, until stop."""
         self.start_service(self._make_loop(interval_secs, target, args, kwargs))
 

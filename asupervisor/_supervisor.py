@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
-from typing import TYPE_CHECKING, Any, overload
+from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
 from ._checkpoints import Checkpointer, track_global_step
@@ -127,7 +127,7 @@ class Supervisor:
         """A new events file for this session, if this process writes summaries."""
         arg = self._summary_writer_arg
         if arg != "auto":
-            return arg  # type: ignore[no-any-return]
+            return arg
         if self.logdir is None or not self.is_chief:
             return None
         import tensorflow as tf
@@ -142,24 +142,35 @@ class Supervisor:
             regs.append(register(CheckpointService(self.save_model_secs)))
         if writer is not None and self.save_summaries_secs > 0:
             if self.summary_fn is not None:
-                regs.append(register(SummaryService(self.save_summaries_secs, self.summary_fn), on_error="restart"))
+                regs.append(
+                    register(
+                        SummaryService(self.save_summaries_secs, self.summary_fn),
+                        on_error="restart",
+                    )
+                )
             regs.append(register(StepCounterService(self.save_summaries_secs), on_error="restart"))
         return regs
 
-    def _make_loop(self, interval_secs: float, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _make_loop(
+        self,
+        interval_secs: float,
+        target: Callable[..., Any],
+        args: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ) -> Any:
         from .services import LoopService
 
         return LoopService(interval_secs, target, args, kwargs)
 
     # -- services -----------------------------------------------------------
 
-    @overload
-    def service(self, fn: ServiceFn, /) -> ServiceFn: ...
-    @overload
-    def service(self, *, on_error: str = ..., max_restarts: int = ...) -> Callable[[ServiceFn], ServiceFn]: ...
+    def service(
+        self, fn: ServiceFn | None = None, /, *, on_error: str = "stop", max_restarts: int = 3
+    ) -> Any:
+        """Decorator: run ``async def fn(sess)`` as a service in every session; returns ``fn``.
 
-    def service(self, fn: ServiceFn | None = None, /, *, on_error: str = "stop", max_restarts: int = 3) -> Any:
-        """Decorator: run ``async def fn(sess)`` as a service in every session; returns ``fn``."""
+        Bare (``@sv.service``) or with a policy (``@sv.service(on_error="restart")``).
+        """
 
         def decorate(fn: ServiceFn) -> ServiceFn:
             self.add_service(fn, on_error=on_error, max_restarts=max_restarts)
@@ -171,7 +182,9 @@ class Supervisor:
         """Run ``service`` (a Service or a coroutine function) in every session."""
         self._services.append(register(service, on_error=on_error, max_restarts=max_restarts))
 
-    def loop(self, interval_secs: float, target: Callable[..., Any], *args: Any, **kwargs: Any) -> None:
+    def loop(
+        self, interval_secs: float, target: Callable[..., Any], *args: Any, **kwargs: Any
+    ) -> None:
         """In every session, call ``target`` at once and then every ``interval_secs``."""
         self.add_service(self._make_loop(interval_secs, target, args, kwargs))
 
@@ -205,7 +218,9 @@ class Supervisor:
         self._open = True
         try:
             life = Lifecycle(self)
-            async with life.running(wait_for_checkpoint, max_wait_secs, start_standard_services) as sess:
+            async with life.running(
+                wait_for_checkpoint, max_wait_secs, start_standard_services
+            ) as sess:
                 yield sess
         finally:
             self._open = False
@@ -244,11 +259,11 @@ def _check_error_types(types: Any) -> tuple[type[BaseException], ...]:
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
-    hooks = tuple(hooks)
-    for hook in hooks:
+    checked: tuple[Hook, ...] = tuple(hooks)
+    for hook in checked:
         if not isinstance(hook, Hook):
             raise ValueError(f"hooks must be asupervisor.Hook instances, not {hook!r}")
-    return hooks
+    return checked
 
 
 def _check_summary_writer(writer: Any, summary_fn: Any, logdir: str | None) -> Any:
@@ -293,5 +308,6 @@ def _make_checkpoint(checkpoint: Any) -> tf.train.Checkpoint:
     if isinstance(checkpoint, Mapping):
         return tf.train.Checkpoint(**checkpoint)
     raise ValueError(
-        f"checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, not {checkpoint!r}"
+        "checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, "
+        f"not {checkpoint!r}"
     )

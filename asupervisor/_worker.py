@@ -29,11 +29,14 @@ def loop_caller() -> LoopCaller:
     if library == "asyncio":
         import asyncio
 
-        schedule: LoopCaller = asyncio.get_running_loop().call_soon_threadsafe
+        loop = asyncio.get_running_loop()
+
+        def schedule(callback: Callable[[], object]) -> None:
+            loop.call_soon_threadsafe(callback)
     elif library == "trio":
         import trio
 
-        schedule = trio.lowlevel.current_trio_token().run_sync_soon
+        schedule = trio.lowlevel.current_trio_token().run_sync_soon  # type: ignore[assignment]
     else:  # pragma: no cover - anyio supports only these two
         raise RuntimeError(f"asupervisor does not support the {library!r} event loop")
 

@@ -18,7 +18,11 @@ def rate_tag(variable: object, owned: bool) -> str:
 
 
 class StepCounterService:
-    """Every ``interval_secs``, writes steps per second; warns when no step was made."""
+    """Every ``interval_secs``, writes steps per second; warns when training stalls.
+
+    No warning before the session's first step: tracing a ``tf.function`` or
+    filling a data pipeline's buffers is slow, but it is not a stall.
+    """
 
     name = "step_counter"
 
@@ -28,11 +32,13 @@ class StepCounterService:
     async def run(self, sess: ManagedSession) -> None:
         sv = sess.supervisor
         tag = rate_tag(sv.global_step, sv._owns_global_step)
-        last_step, last_time = sess.global_step, anyio.current_time()
+        first_step = last_step = sess.global_step
+        last_time = anyio.current_time()
         while not await sess.sleep_until_stop(self.interval_secs):
             step, now = sess.global_step, anyio.current_time()
             if step == last_step:
-                log.warning("step.stalled", step=step, seconds=round(now - last_time, 1))
+                if step != first_step:
+                    log.warning("step.stalled", step=step, seconds=round(now - last_time, 1))
                 continue
             rate = (step - last_step) / (now - last_time)
             sess.summary_computed({tag: rate}, step=step)

@@ -6,13 +6,13 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from collections.abc import Iterator  # noqa: E402
-from pathlib import Path  # noqa: E402
-from typing import Any  # noqa: E402
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
-import pytest  # noqa: E402
-import structlog  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import pytest
+import structlog
+import tensorflow as tf
 
 
 @pytest.fixture

@@ -19,8 +19,14 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.mark.anyio
 async def test_steps_services_errors_and_grace_on_each_backend(logdir: str) -> None:
     pair = Pair()
-    sv = asv.Supervisor(logdir, checkpoint={"p": pair}, save_model_secs=0.05, stop_grace_secs=0.3,
-                        save_summaries_secs=0, handle_signals=False)
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"p": pair},
+        save_model_secs=0.05,
+        stop_grace_secs=0.3,
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
     ticks: list[int] = []
     sv.loop(0.02, lambda: ticks.append(1))
     async with sv.session() as sess:

@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asupervisor.services
+
 import asupervisor
 import asupervisor.hooks
-import asupervisor.services
 
 
 def test_top_level_names_are_pinned() -> None:
@@ -38,10 +39,17 @@ def test_all_is_sorted_everywhere() -> None:
 
 def test_hooks_and_services_modules() -> None:
     assert asupervisor.hooks.__all__ == [
-        "Hook", "LoggingHook", "NanLossHook", "RunContext", "StopAtStepHook",
+        "Hook",
+        "LoggingHook",
+        "NanLossHook",
+        "RunContext",
+        "StopAtStepHook",
     ]
     assert asupervisor.services.__all__ == [
-        "CheckpointService", "LoopService", "StepCounterService", "SummaryService",
+        "CheckpointService",
+        "LoopService",
+        "StepCounterService",
+        "SummaryService",
     ]
 
 

@@ -41,7 +41,13 @@ async def test_a_users_step_variable_is_read_not_advanced(logdir: str) -> None:
     def train_step() -> tf.Tensor:
         with tf.GradientTape() as tape:
             loss = tf.reduce_mean((model(x) - y) ** 2)
-        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        opt.apply_gradients(
+            zip(
+                tape.gradient(loss, model.trainable_variables),
+                model.trainable_variables,
+                strict=True,
+            )
+        )
         return loss
 
     sv = asv.Supervisor(

@@ -51,13 +51,20 @@ async def test_hooks_run_in_order_on_the_training_thread(logdir: str) -> None:
     async with sv.session() as sess:
         await sess.run(lambda x: x * 2, 21)
     assert calls == [
-        ("1", "begin", None), ("2", "begin", None),
-        ("1", "after_save", 0), ("2", "after_save", 0),
-        ("1", "after_create_session", 0), ("2", "after_create_session", 0),
-        ("1", "before_run", 0), ("2", "before_run", 0),
-        ("1", "after_run", (0, 1, 42)), ("2", "after_run", (0, 1, 42)),
-        ("1", "end", 1), ("2", "end", 1),
-        ("1", "after_save", 1), ("2", "after_save", 1),
+        ("1", "begin", None),
+        ("2", "begin", None),
+        ("1", "after_save", 0),
+        ("2", "after_save", 0),
+        ("1", "after_create_session", 0),
+        ("2", "after_create_session", 0),
+        ("1", "before_run", 0),
+        ("2", "before_run", 0),
+        ("1", "after_run", (0, 1, 42)),
+        ("2", "after_run", (0, 1, 42)),
+        ("1", "end", 1),
+        ("2", "end", 1),
+        ("1", "after_save", 1),
+        ("2", "after_save", 1),
     ]
     assert len(first.threads | second.threads) == 1
     assert threading.get_ident() not in first.threads
@@ -77,8 +84,14 @@ async def test_after_save_returning_true_requests_a_stop(logdir: str, pair: Pair
         def after_save(self, session: asv.ManagedSession, step: int, path: str) -> bool:
             return step >= 3
 
-    sv = asv.Supervisor(logdir, checkpoint={"p": pair}, save_model_steps=3, hooks=[StopAfterSave()],
-                        save_summaries_secs=0, handle_signals=False)
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"p": pair},
+        save_model_steps=3,
+        hooks=[StopAfterSave()],
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
     async with sv.session() as sess:
         while not sess.should_stop():
             await sess.run(pair.step)
@@ -86,15 +99,21 @@ async def test_after_save_returning_true_requests_a_stop(logdir: str, pair: Pair
 
 
 async def test_stop_at_step_hook_stops_at_exactly_last_step(logdir: str, pair: Pair) -> None:
-    sv = asv.Supervisor(logdir, checkpoint={"p": pair}, hooks=[StopAtStepHook(last_step=5)],
-                        save_summaries_secs=0, handle_signals=False)
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"p": pair},
+        hooks=[StopAtStepHook(last_step=5)],
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
     async with sv.session() as sess:
         while not sess.should_stop():
             await sess.run(pair.step)
     assert sess.global_step == 5 and sess.stop_reason == "step_limit"
     num = StopAtStepHook(num_steps=4)
-    again = asv.Supervisor(logdir, checkpoint={"p": pair}, hooks=[num], save_summaries_secs=0,
-                           handle_signals=False)
+    again = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, hooks=[num], save_summaries_secs=0, handle_signals=False
+    )
     async with again.session() as sess:
         assert num.last_step == 9
         while not sess.should_stop():

@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import itertools
 import threading
 import time
 from typing import Any
 
 import anyio
 import pytest
+from asupervisor.services import LoopService
 
 import asupervisor as asv
-from asupervisor.services import LoopService
 from tests.conftest import named
 
 pytestmark = pytest.mark.asyncio
 
 
 def quick(**kwargs: Any) -> asv.Supervisor:
-    return asv.Supervisor(None, save_summaries_secs=0, handle_signals=False, stop_grace_secs=1, **kwargs)
+    return asv.Supervisor(
+        None, save_summaries_secs=0, handle_signals=False, stop_grace_secs=1, **kwargs
+    )
 
 
-async def test_restart_policy_restarts_with_backoff_then_stops(events: list[dict[str, Any]]) -> None:
+async def test_restart_policy_restarts_with_backoff_then_stops(
+    events: list[dict[str, Any]],
+) -> None:
     sv = quick()
     runs: list[float] = []
     boom = ConnectionError("flaky")
@@ -110,7 +115,7 @@ async def test_loop_calls_at_once_then_every_interval() -> None:
         await anyio.sleep(0.55)
     assert calls[0] - started < 0.05, "the first call was not at once"
     assert 5 <= len(calls) <= 7
-    gaps = [b - a for a, b in zip(calls, calls[1:])]
+    gaps = [b - a for a, b in itertools.pairwise(calls)]
     assert all(0.07 < gap < 0.2 for gap in gaps), gaps
     assert sess.stop_reason == "requested"
 

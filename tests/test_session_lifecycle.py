@@ -115,7 +115,9 @@ async def test_a_body_error_is_reraised_as_the_same_object() -> None:
     assert raised.value is boom
 
 
-async def test_a_service_that_ignores_stop_is_cancelled_after_the_grace_period(events: list[dict[str, Any]]) -> None:
+async def test_a_service_that_ignores_stop_is_cancelled_after_the_grace_period(
+    events: list[dict[str, Any]],
+) -> None:
     sv = quick(None, stop_grace_secs=0.3)
     cancelled = []
 
@@ -236,7 +238,9 @@ async def test_the_session_can_be_reopened_but_not_nested() -> None:
         assert not again.should_stop()
 
 
-async def test_a_cancellation_from_outside_ends_the_session_at_once(logdir: str, pair: Pair) -> None:
+async def test_a_cancellation_from_outside_ends_the_session_at_once(
+    logdir: str, pair: Pair
+) -> None:
     sv = quick(logdir, checkpoint={"pair": pair}, save_model_secs=60)
     with anyio.move_on_after(0.3) as outer:
         async with sv.session() as sess:

@@ -1,4 +1,4 @@
-"""TensorBoard events: summary_fn, global_step/sec, summaries from steps, read back with TensorBoard."""
+"""TensorBoard events, read back with TensorBoard's own reader."""
 
 from __future__ import annotations
 
@@ -34,7 +34,11 @@ async def test_summary_fn_values_and_step_rate_are_written(logdir: str, pair: Pa
         checkpoint={"pair": pair},
         save_model_secs=0,
         save_summaries_secs=0.1,
-        summary_fn=lambda: {"a": pair.a, "twice_b": float(pair.b.numpy()) * 2, "both": tf.stack([pair.a, pair.b])},
+        summary_fn=lambda: {
+            "a": pair.a,
+            "twice_b": float(pair.b.numpy()) * 2,
+            "both": tf.stack([pair.a, pair.b]),
+        },
         handle_signals=False,
     )
     async with sv.session() as sess:
@@ -73,7 +77,9 @@ async def test_steps_write_summaries_into_the_runs_events_file(logdir: str) -> N
 
 async def test_each_session_makes_its_own_events_file(logdir: str, pair: Pair) -> None:
     for _ in range(2):
-        sv = asv.Supervisor(logdir, checkpoint={"pair": pair}, save_summaries_secs=0, handle_signals=False)
+        sv = asv.Supervisor(
+            logdir, checkpoint={"pair": pair}, save_summaries_secs=0, handle_signals=False
+        )
         async with sv.session() as sess:
             await sess.run(pair.step)
             sess.summary_computed({"x": 1.0})
@@ -82,7 +88,9 @@ async def test_each_session_makes_its_own_events_file(logdir: str, pair: Pair) -
     assert [s for s, _ in scalars(acc, "x")] == [1, 2]
 
 
-async def test_no_events_without_a_logdir_or_with_writer_none(logdir: str, events: list[dict[str, Any]]) -> None:
+async def test_no_events_without_a_logdir_or_with_writer_none(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
     sv = asv.Supervisor(logdir, summary_writer=None, save_model_secs=0, handle_signals=False)
     async with sv.session() as sess:
         sess.summary_computed({"x": 1.0})
