@@ -132,9 +132,10 @@ class Lifecycle:
                 sv.init_fn()
                 source = "init_fn"
             report = RestoreReport(source, None, step.value)  # type: ignore[arg-type]
-            sess._save_checkpoint()  # so that init_fn's work is never lost
         for hook in sv.hooks:
             hook.after_create_session(sess)
+        if report.source != "checkpoint":
+            sess._save_checkpoint()  # so that init_fn's work is never lost
         return report
 
     def _start_services(self, sess: ManagedSession, tg: TaskGroup, standard: bool) -> None:

@@ -5,13 +5,15 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ._errors import NanLossError
 from ._hooks import Hook, RunContext
 from ._log import log
-from ._session import ManagedSession
 from ._validate import exactly_one, non_negative_int, optional_positive, optional_positive_int
+
+if TYPE_CHECKING:
+    from ._session import ManagedSession
 
 __all__ = ["Hook", "LoggingHook", "NanLossHook", "RunContext", "StopAtStepHook"]
 

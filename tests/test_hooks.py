@@ -53,10 +53,10 @@ async def test_hooks_run_in_order_on_the_training_thread(logdir: str) -> None:
     assert calls == [
         ("1", "begin", None),
         ("2", "begin", None),
-        ("1", "after_save", 0),
-        ("2", "after_save", 0),
         ("1", "after_create_session", 0),
         ("2", "after_create_session", 0),
+        ("1", "after_save", 0),
+        ("2", "after_save", 0),
         ("1", "before_run", 0),
         ("2", "before_run", 0),
         ("1", "after_run", (0, 1, 42)),
