@@ -77,6 +77,8 @@ class Coordinator:
         self._request(exc, "requested")
 
     def _request(self, exc: BaseException | ExcInfo | None, reason: str) -> None:
+        """Stop with ``reason``; an error's reason is ``"exception"`` unless a more
+        specific one (``"timeout"``, ``"nan"``) is given."""
         error = _as_exception(exc)
         if error is not None and isinstance(error, self.clean_stop_exception_types):
             error, reason = None, "end_of_data"
@@ -88,7 +90,8 @@ class Coordinator:
             if first_stop:
                 self._stopped_at = time.monotonic()
             if first_error:
-                self._error, self._reason = error, "exception"
+                self._error = error
+                self._reason = "exception" if reason == "requested" else reason
             elif first_stop:
                 self._reason = reason
             waiters, self._waiters = self._waiters, []

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._checkpoints import RestoreReport
-from ._errors import GracePeriodExpired, WaitTimeout
+from ._errors import GracePeriodExpired, StepTimeout, WaitTimeout
 from ._log import log
 from ._session import GlobalStep, ManagedSession
 from ._worker import TrainingThread, loop_caller
@@ -231,7 +231,7 @@ class Lifecycle:
         if self.cancelled is not None:
             raise self.cancelled
         error: Any = self.coord.error
-        if self.stuck is not None:
+        if self.stuck is not None and not isinstance(error, StepTimeout):
             raise GracePeriodExpired(
                 f"step {self.stuck!r} was still running {self.sv.stop_grace_secs} s "
                 "(stop_grace_secs) after the stop; no final checkpoint was written"

@@ -115,6 +115,13 @@ class ManagedSession:
                     self._request_stop("requested")
         return path
 
+    def _step_running_since(self) -> tuple[str, float] | None:
+        """The step running now, as (name, monotonic start time), or ``None``."""
+        job = self._worker.current
+        if job is None or job.fn != self._run_step or job.started_at is None:
+            return None
+        return job.name, job.started_at
+
     @property
     def global_step(self) -> int:
         """The last known global step."""

@@ -135,7 +135,12 @@ class Supervisor:
         return tf.summary.create_file_writer(self.logdir)
 
     def _standard_services(self, writer: Any) -> list[Registration]:
-        from .services import CheckpointService, StepCounterService, SummaryService
+        from .services import (
+            CheckpointService,
+            StepCounterService,
+            SummaryService,
+            WatchdogService,
+        )
 
         regs = []
         if self.checkpointing and self.save_model_secs > 0:
@@ -149,6 +154,8 @@ class Supervisor:
                     )
                 )
             regs.append(register(StepCounterService(self.save_summaries_secs), on_error="restart"))
+        if self.step_timeout_secs is not None:
+            regs.append(register(WatchdogService(self.step_timeout_secs)))
         return regs
 
     def _make_loop(

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -54,7 +55,17 @@ def loop_caller() -> LoopCaller:
 class Job:
     """One call to run on the training thread, and its outcome."""
 
-    __slots__ = ("args", "error", "fn", "kwargs", "label", "notify", "result", "skipped")
+    __slots__ = (
+        "args",
+        "error",
+        "fn",
+        "kwargs",
+        "label",
+        "notify",
+        "result",
+        "skipped",
+        "started_at",
+    )
 
     def __init__(
         self,
@@ -74,12 +85,14 @@ class Job:
         # Set by the waiter when it gives up: a job not yet started is skipped.
         self.skipped = False
         self.notify: Callable[[], None] | None = None
+        self.started_at: float | None = None  # time.monotonic() when it began to run
 
     @property
     def name(self) -> str:
         return getattr(self.label, "__qualname__", None) or repr(self.label)
 
     def execute(self) -> None:
+        self.started_at = time.monotonic()
         try:
             self.result = self.fn(*self.args, **self.kwargs)
         except BaseException as exc:  # handed to the waiter, never lost

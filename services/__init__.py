@@ -11,5 +11,12 @@ from .checkpoint import CheckpointService
 from .loop import LoopService
 from .step_counter import StepCounterService
 from .summary import SummaryService
+from .watchdog import WatchdogService
 
-__all__ = ["CheckpointService", "LoopService", "StepCounterService", "SummaryService"]
+__all__ = [
+    "CheckpointService",
+    "LoopService",
+    "StepCounterService",
+    "SummaryService",
+    "WatchdogService",
+]

@@ -50,6 +50,7 @@ def test_hooks_and_services_modules() -> None:
         "LoopService",
         "StepCounterService",
         "SummaryService",
+        "WatchdogService",
     ]
 
 

@@ -144,3 +144,30 @@ async def test_logging_hook_logs_every_n_steps(events: list[dict[str, Any]]) -> 
             await sess.run(lambda v=i: {"loss": float(v)})
     logged = named(events, "step.logged")
     assert [(e["step"], e["loss"]) for e in logged] == [(1, 0.0), (4, 3.0), (7, 6.0)]
+
+
+async def test_stop_at_step_traces_across_restarts(logdir: str) -> None:
+    """last_step=5 stops at 5; a restart with last_step=8 stops at 8;
+    num_steps=4 after a restore at 3 stops at 7."""
+
+    async def train(hook: StopAtStepHook, directory: str) -> int:
+        pair = Pair()
+        sv = asv.Supervisor(
+            directory,
+            checkpoint={"p": pair},
+            hooks=[hook],
+            save_summaries_secs=0,
+            handle_signals=False,
+        )
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(pair.step)
+        assert sess.stop_reason == "step_limit"
+        return sess.global_step
+
+    assert await train(StopAtStepHook(last_step=5), logdir) == 5
+    assert await train(StopAtStepHook(last_step=8), logdir) == 8
+    other = logdir + "-b"
+    assert await train(StopAtStepHook(last_step=3), other) == 3
+    assert await train(StopAtStepHook(num_steps=4), other) == 7
+    assert await train(StopAtStepHook(last_step=7), other) == 7  # already there: no step

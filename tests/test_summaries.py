@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from typing import Any
 
 import anyio
@@ -108,3 +109,38 @@ async def test_a_users_writer_is_used_and_left_open(tmp_path: Any) -> None:
     writer.close()
     _, acc = read_events(str(tmp_path / "mine"))
     assert scalars(acc, "y") == [(5, 2.0)]
+
+
+async def test_zero_save_summaries_secs_disables_summary_fn_and_the_step_rate(
+    logdir: str, pair: Pair
+) -> None:
+    calls: list[int] = []
+
+    def summary_fn() -> dict[str, Any]:
+        calls.append(1)
+        return {"a": pair.a}
+
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"pair": pair},
+        save_model_secs=0,
+        save_summaries_secs=0,
+        summary_fn=summary_fn,
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        for _ in range(20):
+            await sess.run(pair.step)
+            await anyio.sleep(0.01)
+    _, acc = read_events(logdir)
+    assert calls == []
+    assert acc.Tags()["tensors"] == []
+
+
+async def test_a_stalled_step_is_warned_about(logdir: str, events: list[dict[str, Any]]) -> None:
+    sv = asv.Supervisor(logdir, save_model_secs=0, save_summaries_secs=0.1, handle_signals=False)
+    async with sv.session() as sess:
+        await sess.run(lambda: None)
+        await sess.run(time.sleep, 0.5)
+    stalled = [e for e in events if e["event"] == "step.stalled"]
+    assert stalled and stalled[0]["step"] == 1
