@@ -32,8 +32,8 @@ class StepCounterService:
     async def run(self, sess: ManagedSession) -> None:
         sv = sess.supervisor
         tag = rate_tag(sv.global_step, sv._owns_global_step)
-        first_step = last_step = sess.global_step
-        last_time = anyio.current_time()
+        first_step = sess.restore_report.step  # where the session began, not this service
+        last_step, last_time = sess.global_step, anyio.current_time()
         while not await sess.sleep_until_stop(self.interval_secs):
             step, now = sess.global_step, anyio.current_time()
             if step == last_step:
