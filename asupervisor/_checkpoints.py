@@ -57,6 +57,7 @@ class Checkpointer:
             checkpoint_name=basename,
         )
         self.last_saved_step: int | None = None
+        self.last_saved_at: float | None = None  # time.monotonic() of the last save
         self.failures = 0
 
     def latest(self) -> str | None:
@@ -100,6 +101,7 @@ class Checkpointer:
         seconds = round(time.perf_counter() - started, 4)
         self.failures = 0
         self.last_saved_step = step
+        self.last_saved_at = time.monotonic()
         log.info(
             "checkpoint.saved",
             path=path,

@@ -73,6 +73,7 @@ class ManagedSession:
         self._running_services = 0
         self._services_done: anyio.Event | None = None
         self.restore_report = RestoreReport("fresh", None, 0)
+        self._last_result: Any = None
 
     # -- steps --------------------------------------------------------------
 
@@ -97,6 +98,7 @@ class ManagedSession:
             self._coord.request_stop(exc)  # end of data: a clean stop, re-raised to the caller
             raise
         self._step_var.advance()
+        self._last_result = result  # for progress displays; one assignment, no copy
         for hook in hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if self._save_steps and self._step_var.value % self._save_steps == 0:

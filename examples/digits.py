@@ -44,6 +44,7 @@ from sklearn.datasets import load_digits  # noqa: E402
 
 import asupervisor as asv  # noqa: E402
 from asupervisor.hooks import StopAtStepHook  # noqa: E402
+from asupervisor.services import ProgressService  # noqa: E402
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -86,11 +87,18 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def configure_logging() -> None:
     """The application decides where the library's events go: here, short lines on stdout."""
+    render = structlog.dev.ConsoleRenderer(colors=False)
+    # On a terminal, clear the progress line before a log line is printed over it.
+    clear = "\r\x1b[K" if sys.stdout.isatty() else ""
+
+    def render_line(logger: Any, name: str, event: Any) -> str:
+        return clear + str(render(logger, name, event))
+
     structlog.configure(
         processors=[
             structlog.processors.add_log_level,
             structlog.processors.TimeStamper(fmt="%H:%M:%S"),
-            structlog.dev.ConsoleRenderer(colors=False),
+            render_line,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(20),  # info and above
     )
@@ -150,7 +158,7 @@ async def main(args: argparse.Namespace) -> None:
         save_model_secs=args.save_secs,
         save_summaries_secs=args.summary_secs,
         summary_fn=summaries,
-        hooks=[StopAtStepHook(num_steps=args.steps)],
+        hooks=[stop_hook := StopAtStepHook(num_steps=args.steps)],
         stop_grace_secs=10,
     )
 
@@ -164,9 +172,16 @@ async def main(args: argparse.Namespace) -> None:
         while not await sess.sleep_until_stop(args.eval_secs):
             accuracy = await sess.call(evaluate)  # on the training thread, between steps
             sess.summary_computed({"test_accuracy": accuracy})
-            print(f"  eval  step {sess.global_step:6d}  test accuracy {accuracy:.3f}", flush=True)
+            say(f"  eval  step {sess.global_step:6d}  test accuracy {accuracy:.3f}")
+
+    # On a terminal, a live progress line; in a pipe or a log file, a line every half second.
+    on_terminal = sys.stdout.isatty()
+
+    def say(text: str) -> None:
+        print(("\r\x1b[K" if on_terminal else "") + text, flush=True)
 
     async with sv.session() as sess:
+        sess.start_service(ProgressService(stream=sys.stdout, total_steps=stop_hook.last_step))
         report = sess.restore_report
         first = report.step
         if report.source == "checkpoint":
@@ -177,7 +192,7 @@ async def main(args: argparse.Namespace) -> None:
         while not sess.should_stop():
             result = await sess.run(train_step)
             now = time.monotonic()
-            if now - last_print >= 0.5:
+            if not on_terminal and now - last_print >= 0.5:
                 rate = (sess.global_step - first) / max(now - started, 1e-9)
                 print(
                     f"  train step {sess.global_step:6d}  "

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from .checkpoint import CheckpointService
 from .loop import LoopService
+from .progress import ProgressService
 from .step_counter import StepCounterService
 from .summary import SummaryService
 from .watchdog import WatchdogService
@@ -16,6 +17,7 @@ from .watchdog import WatchdogService
 __all__ = [
     "CheckpointService",
     "LoopService",
+    "ProgressService",
     "StepCounterService",
     "SummaryService",
     "WatchdogService",

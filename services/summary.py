@@ -25,7 +25,7 @@ class SummaryService:
         if not isinstance(values, Mapping):
             raise TypeError(f"summary_fn must return a mapping of tag to value, not {values!r}")
         sess.summary_computed(values)
-        log.info("summary.written", step=sess.global_step, tags=sorted(values))
+        log.debug("summary.written", step=sess.global_step, tags=sorted(values))
 
     async def run(self, sess: ManagedSession) -> None:
         while not await sess.sleep_until_stop(self.interval_secs):

@@ -2,10 +2,9 @@
 
 from __future__ import annotations
 
-import asupervisor.services
-
 import asupervisor
 import asupervisor.hooks
+import asupervisor.services
 
 
 def test_top_level_names_are_pinned() -> None:
@@ -48,6 +47,7 @@ def test_hooks_and_services_modules() -> None:
     assert asupervisor.services.__all__ == [
         "CheckpointService",
         "LoopService",
+        "ProgressService",
         "StepCounterService",
         "SummaryService",
         "WatchdogService",

@@ -9,9 +9,9 @@ from typing import Any
 
 import anyio
 import pytest
-from asupervisor.services import LoopService
 
 import asupervisor as asv
+from asupervisor.services import LoopService
 from tests.conftest import named
 
 pytestmark = pytest.mark.asyncio

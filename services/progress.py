@@ -1,0 +1,82 @@
+"""ProgressService: one live line on a terminal for people watching a long run."""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections.abc import Mapping
+from typing import Any, TextIO
+
+import anyio
+
+from asupervisor._session import ManagedSession
+from asupervisor._validate import optional_positive_int, positive
+
+
+def _values(result: Any) -> str:
+    """The step's scalar results, e.g. ``loss 0.1234``; what is not a number is left out."""
+    items = result.items() if isinstance(result, Mapping) else [("result", result)]
+    shown = []
+    for key, value in items:
+        try:
+            shown.append(f"{key} {float(value):.4g}")
+        except (TypeError, ValueError):
+            continue
+    return "  ".join(shown)
+
+
+def _ago(seconds: float | None) -> str:
+    if seconds is None:
+        return "no checkpoint yet"
+    if seconds < 120:
+        return f"checkpoint {seconds:.0f}s ago"
+    return f"checkpoint {seconds / 60:.0f}m ago"
+
+
+class ProgressService:
+    """Redraws ``step N/total | R steps/s | values | checkpoint Ts ago`` every
+    ``interval_secs``, on ``stream`` (default stderr), only if it is a terminal:
+    logs and pipes stay free of carriage returns."""
+
+    name = "progress"
+
+    def __init__(
+        self,
+        interval_secs: float = 0.5,
+        *,
+        stream: TextIO | None = None,
+        total_steps: int | None = None,
+    ) -> None:
+        self.interval_secs = positive("interval_secs", interval_secs)
+        self.total_steps = optional_positive_int("total_steps", total_steps)
+        self.stream = stream
+
+    def line(self, sess: ManagedSession, rate: float) -> str:
+        step = f"step {sess.global_step}"
+        if self.total_steps is not None:
+            step += f"/{self.total_steps}"
+        ckpt = sess._checkpointer
+        since = None
+        if ckpt is not None and ckpt.last_saved_at is not None:
+            since = time.monotonic() - ckpt.last_saved_at
+        parts = [step, f"{rate:.1f} steps/s", _values(sess._last_result), _ago(since)]
+        return " | ".join(p for p in parts if p)
+
+    async def run(self, sess: ManagedSession) -> None:
+        stream = self.stream or sys.stderr
+        if not stream.isatty():
+            return
+        last_step, last_time = sess.global_step, anyio.current_time()
+        rate = 0.0
+        stopping = False
+        while not stopping:
+            stopping = await sess.sleep_until_stop(self.interval_secs)
+            now, step = anyio.current_time(), sess.global_step
+            if now > last_time:
+                rate = (step - last_step) / (now - last_time)
+            last_step, last_time = step, now
+            # \r and "erase to end of line": the line is redrawn in place.
+            stream.write("\r" + self.line(sess, rate) + "\x1b[K")
+            stream.flush()
+        stream.write("\n")
+        stream.flush()
