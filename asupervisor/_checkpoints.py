@@ -113,6 +113,26 @@ class Checkpointer:
         return path
 
 
+def verify_checkpoint(prefix: str) -> str | None:
+    """``None`` if the checkpoint at ``prefix`` reads back whole, else why it does not.
+
+    Every tensor is read, so a truncated or corrupt data file is caught, not only
+    a missing index. Variant tensors (a tf.data iterator's state) have no numpy
+    form to read them into; the index still vouches for them.
+    """
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype not in (tf.variant, tf.resource):
+                reader.get_tensor(name)
+    except Exception as exc:  # TF reports damage with several error types
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first_line}"[:300]
+    return None
+
+
 def checkpoint_bytes(prefix: str) -> int:
     """The size on disk of the files of the checkpoint at ``prefix``."""
     return sum(os.path.getsize(p) for p in glob.glob(glob.escape(prefix) + ".*"))

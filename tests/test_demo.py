@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import glob
+import json
 import os
 import re
 import subprocess
@@ -15,7 +16,7 @@ DEMO = Path(__file__).resolve().parents[1] / "examples" / "digits.py"
 
 
 def run_demo(logdir: Path, steps: int) -> str:
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run(
         [
             sys.executable,
@@ -26,6 +27,8 @@ def run_demo(logdir: Path, steps: int) -> str:
             str(steps),
             "--save-secs",
             "0.3",
+            "--eval-secs",
+            "0.2",
         ],
         capture_output=True,
         text=True,
@@ -33,6 +36,7 @@ def run_demo(logdir: Path, steps: int) -> str:
         env=env,
     )
     assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stderr == "", "TensorFlow's start-up noise reached the terminal"
     return done.stdout
 
 
@@ -42,7 +46,9 @@ def test_the_demo_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     first = run_demo(logdir, 400)
     assert "fresh start" in first
     assert "stopped at step 400 (step_limit)" in first
-    accuracy = float(re.search(r"test accuracy (\d\.\d+)\n", first).group(1))  # type: ignore[union-attr]
+    final = re.search(r"stopped at step 400 \(step_limit\); test accuracy (\d\.\d+)", first)
+    assert final, first
+    accuracy = float(final.group(1))
     assert accuracy > 0.7, "the model did not learn"
     assert os.path.exists(logdir / "model.ckpt-400.index")
 
@@ -51,6 +57,34 @@ def test_the_demo_trains_checkpoints_and_resumes(tmp_path: Path) -> None:
     assert "stopped at step 700 (step_limit)" in second
     assert len(glob.glob(str(logdir / "events.out.tfevents.*"))) == 2
     assert "Traceback" not in first + second
+    check_inspect(logdir)
+
+
+def check_inspect(logdir: Path) -> None:
+    """`asupervisor inspect` on the demo's logdir: the table, and JSON that parses."""
+    table = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", str(logdir)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert table.returncode == 0, table.stderr
+    assert table.stderr == "", "TensorFlow's start-up noise reached the terminal"
+    assert "model.ckpt-700  (step 700)" in table.stdout
+    assert " NO " not in table.stdout
+    for tag in ("loss", "accuracy", "test_accuracy", "iteration/sec"):
+        assert f"  {tag} " in table.stdout, tag
+    as_json = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", str(logdir), "--json"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    report = json.loads(as_json.stdout)
+    assert report["latest_step"] == 700
+    assert all(c["readable"] for c in report["checkpoints"])
+    assert report["tags"]["loss"]["last_step"] == 700
+    assert len(report["events_files"]) == 2
 
 
 @pytest.mark.slow

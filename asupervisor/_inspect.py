@@ -1,0 +1,152 @@
+"""What is in a logdir: checkpoints, the latest step, scalar tags, events files.
+
+Used by ``asupervisor inspect``. TensorFlow is imported only when there is a
+checkpoint to verify or an events file to read.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+from ._checkpoints import checkpoint_bytes, verify_checkpoint
+
+_INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)\.index$")
+
+
+@dataclass
+class CheckpointInfo:
+    path: str
+    step: int
+    saved: str
+    bytes: int
+    readable: bool
+    problem: str | None = None
+
+
+@dataclass
+class TagInfo:
+    kind: str  # "scalar", "histogram" or another plugin's name
+    points: int = 0
+    first_step: int | None = None
+    last_step: int | None = None
+    last_value: float | None = None
+
+
+@dataclass
+class EventsFileInfo:
+    name: str
+    bytes: int
+    events: int
+    damaged: str | None = None
+
+
+@dataclass
+class LogdirReport:
+    logdir: str
+    latest_checkpoint: str | None
+    latest_step: int | None
+    checkpoints: list[CheckpointInfo] = field(default_factory=list)
+    tags: dict[str, TagInfo] = field(default_factory=dict)
+    events_files: list[EventsFileInfo] = field(default_factory=list)
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
+
+
+def _latest_from_state_file(logdir: str) -> str | None:
+    """The `checkpoint` state file's model_checkpoint_path, read without TensorFlow."""
+    try:
+        with open(os.path.join(logdir, "checkpoint"), encoding="utf-8") as state:
+            for line in state:
+                if line.startswith("model_checkpoint_path:"):
+                    path = line.split(":", 1)[1].strip().strip('"')
+                    return path if os.path.isabs(path) else os.path.join(logdir, path)
+    except OSError:
+        return None
+    return None
+
+
+def find_checkpoints(logdir: str, names: list[str], verify: bool) -> list[CheckpointInfo]:
+    found = []
+    for name in names:
+        match = _INDEX.match(name)
+        if match is None:
+            continue
+        prefix = os.path.join(logdir, name[: -len(".index")])
+        problem = verify_checkpoint(prefix) if verify else None
+        found.append(
+            CheckpointInfo(
+                path=prefix,
+                step=int(match["step"]),
+                saved=_iso(os.path.getmtime(prefix + ".index")),
+                bytes=checkpoint_bytes(prefix),
+                readable=problem is None,
+                problem=problem,
+            )
+        )
+    return sorted(found, key=lambda c: c.step)
+
+
+def _record(tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: Any) -> None:
+    import tensorflow as tf
+
+    plugin = value.metadata.plugin_data.plugin_name
+    if plugin:
+        kinds[value.tag] = {"scalars": "scalar", "histograms": "histogram"}.get(plugin, plugin)
+    kind = kinds.get(value.tag, "scalar" if value.HasField("simple_value") else "other")
+    tag = tags.setdefault(value.tag, TagInfo(kind))
+    tag.points += 1
+    tag.first_step = event.step if tag.first_step is None else min(tag.first_step, event.step)
+    if tag.last_step is None or event.step >= tag.last_step:
+        tag.last_step = event.step
+        if kind == "scalar":
+            array = tf.make_ndarray(value.tensor) if value.HasField("tensor") else None
+            tag.last_value = float(value.simple_value if array is None else array)
+
+
+def read_events(logdir: str, names: list[str], tags: dict[str, TagInfo]) -> list[EventsFileInfo]:
+    import tensorflow as tf
+    from tensorflow.core.util import event_pb2
+
+    files = []
+    for name in sorted(n for n in names if n.startswith("events.out.tfevents.")):
+        path = os.path.join(logdir, name)
+        info = EventsFileInfo(name=name, bytes=os.path.getsize(path), events=0)
+        kinds: dict[str, str] = {}
+        try:
+            for record in tf.data.TFRecordDataset(path):
+                event = event_pb2.Event.FromString(record.numpy())
+                info.events += 1
+                for value in event.summary.value:
+                    _record(tags, kinds, event, value)
+        except Exception as exc:  # a truncated last record: keep what was read
+            info.damaged = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"[:200]
+        files.append(info)
+    return files
+
+
+def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
+    """Read a logdir. Raises FileNotFoundError or NotADirectoryError for a bad path."""
+    if not os.path.exists(logdir):
+        raise FileNotFoundError(f"logdir {logdir!r} does not exist")
+    if not os.path.isdir(logdir):
+        raise NotADirectoryError(f"logdir {logdir!r} is not a directory")
+    names = sorted(os.listdir(logdir))
+    latest = _latest_from_state_file(logdir)
+    match = _INDEX.match(os.path.basename(latest) + ".index") if latest else None
+    report = LogdirReport(logdir, latest, int(match["step"]) if match else None)
+    report.checkpoints = find_checkpoints(logdir, names, verify)
+    report.events_files = (
+        read_events(logdir, names, report.tags)
+        if any(n.startswith("events.out.tfevents.") for n in names)
+        else []
+    )
+    return report

@@ -1,0 +1,128 @@
+"""The ``asupervisor`` command line: ``asupervisor inspect LOGDIR [--json]``.
+
+Fast to start: TensorFlow is imported only when a logdir has something to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Sequence
+
+from ._inspect import LogdirReport, inspect_logdir
+
+EPILOG = """\
+examples:
+  asupervisor inspect runs/digits          a table for people
+  asupervisor inspect runs/digits --json   the same, for scripts (jq, monitoring)
+
+exit status: 0 when the logdir was read, 1 when it holds no checkpoints and no
+events files, 2 for a missing logdir or bad arguments.
+"""
+
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return f"{n} B"  # pragma: no cover
+
+
+def render(report: LogdirReport) -> str:
+    lines = [f"logdir: {report.logdir}"]
+    latest = report.latest_checkpoint or "none"
+    lines.append(f"latest checkpoint: {latest}  (step {report.latest_step})")
+    lines.append("")
+    lines.append(f"checkpoints ({len(report.checkpoints)}):")
+    lines.append(f"  {'step':>10}  {'saved (UTC)':<25}  {'size':>10}  readable")
+    for c in report.checkpoints:
+        readable = "yes" if c.readable else f"NO  {c.problem}"
+        lines.append(f"  {c.step:>10}  {c.saved:<25}  {_size(c.bytes):>10}  {readable}")
+    lines.append("")
+    lines.append(f"tags ({len(report.tags)}):")
+    lines.append(f"  {'tag':<28}  {'kind':<9}  {'last value':>12}  {'steps':<17}  points")
+    for name, t in sorted(report.tags.items()):
+        value = "" if t.last_value is None else f"{t.last_value:.6g}"
+        steps = f"{t.first_step}..{t.last_step}"
+        lines.append(f"  {name:<28}  {t.kind:<9}  {value:>12}  {steps:<17}  {t.points}")
+    lines.append("")
+    lines.append(f"events files ({len(report.events_files)}):")
+    for f in report.events_files:
+        damage = f"  DAMAGED: {f.damaged}" if f.damaged else ""
+        lines.append(f"  {f.name}  {_size(f.bytes)}  {f.events} events{damage}")
+    return "\n".join(lines)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="asupervisor",
+        description="Look into asupervisor training runs.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    inspect = commands.add_parser(
+        "inspect",
+        help="checkpoints, the latest step, scalar tags and events files of a logdir",
+        description="Show what a logdir holds: every checkpoint (step, time, size, whether "
+        "it reads back whole), the latest step, every TensorBoard tag with its last value "
+        "and step range, and the events files.",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        epilog=EPILOG,
+    )
+    inspect.add_argument("logdir", metavar="LOGDIR", help="the Supervisor's logdir")
+    inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    inspect.add_argument(
+        "--no-verify",
+        dest="verify",
+        action="store_false",
+        help="do not read every checkpoint back (faster for very large checkpoints)",
+    )
+    return parser
+
+
+def _quiet_tensorflow() -> None:
+    """Keep TensorFlow's start-up chatter off the terminal (the CLI's choice, not the library's)."""
+    if "tensorflow" in sys.modules:
+        return
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
+    # absl prints some lines before TF_CPP_MIN_LOG_LEVEL applies, and a machine
+    # without a GPU reports a failed cuInit when devices are first listed.
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow
+
+        tensorflow.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    if os.path.isdir(args.logdir) and os.listdir(args.logdir):
+        _quiet_tensorflow()
+    try:
+        report = inspect_logdir(args.logdir, verify=args.verify)
+    except (FileNotFoundError, NotADirectoryError) as exc:
+        print(f"asupervisor inspect: error: {exc}", file=sys.stderr)
+        return 2
+    if not report.checkpoints and not report.events_files:
+        print(
+            f"asupervisor inspect: {args.logdir!r} holds no checkpoints and no events files "
+            "(is it the Supervisor's logdir?)",
+            file=sys.stderr,
+        )
+        return 1
+    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report))
+    return 0
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

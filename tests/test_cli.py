@@ -1,0 +1,93 @@
+"""`asupervisor inspect`: the table, the JSON, damage reported, clear errors, fast start."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import asupervisor as asv
+from asupervisor.cli import main
+from tests.conftest import Pair
+
+
+async def make_run(logdir: str) -> None:
+    pair = Pair()
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"p": pair},
+        save_model_secs=0,
+        save_model_steps=2,
+        save_summaries_secs=0,
+        max_to_keep=None,
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        for _ in range(4):
+            await sess.run(pair.step)
+            sess.summary_computed({"loss": 10.0 - sess.global_step})
+
+
+@pytest.mark.asyncio
+async def test_inspect_prints_checkpoints_tags_and_events(
+    logdir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    await make_run(logdir)
+    capsys.readouterr()  # the run's own log lines
+    assert main(["inspect", logdir]) == 0
+    out = capsys.readouterr().out
+    assert f"latest checkpoint: {logdir}/model.ckpt-4  (step 4)" in out
+    rows = [line.split() for line in out.splitlines() if line.strip().endswith("yes")]
+    assert [int(row[0]) for row in rows] == [0, 2, 4]
+    loss = next(line for line in out.splitlines() if line.strip().startswith("loss "))
+    assert loss.split()[:4] == ["loss", "scalar", "6", "1..4"]
+    assert "events files (1):" in out
+
+
+@pytest.mark.asyncio
+async def test_inspect_json_reports_damage(logdir: str, capsys: pytest.CaptureFixture[str]) -> None:
+    await make_run(logdir)
+    data_file = Path(logdir) / "model.ckpt-2.data-00000-of-00001"
+    data_file.write_bytes(data_file.read_bytes()[:10])  # a torn write
+    events = next(Path(logdir).glob("events.out.tfevents.*"))
+    events.write_bytes(events.read_bytes()[:-7])  # a cut-off last record
+    capsys.readouterr()  # the run's own log lines
+    assert main(["inspect", logdir, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    readable = {c["step"]: c["readable"] for c in report["checkpoints"]}
+    assert readable == {0: True, 2: False, 4: True}
+    assert next(c for c in report["checkpoints"] if c["step"] == 2)["problem"]
+    assert report["latest_step"] == 4
+    assert report["events_files"][0]["damaged"]
+    assert report["tags"]["loss"]["kind"] == "scalar"
+    assert report["tags"]["loss"]["first_step"] == 1
+
+
+def test_missing_and_empty_logdirs_are_clear_errors(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main(["inspect", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    (tmp_path / "empty").mkdir()
+    assert main(["inspect", str(tmp_path / "empty")]) == 1
+    assert "no checkpoints and no events files" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as usage:
+        main([])
+    assert usage.value.code == 2
+
+
+@pytest.mark.slow
+def test_help_is_fast_because_it_does_not_import_tensorflow() -> None:
+    code = (
+        "import sys\n"
+        "from asupervisor.cli import main\n"
+        "try:\n    main(['inspect', '--help'])\nexcept SystemExit:\n    pass\n"
+        "print('TF' if 'tensorflow' in sys.modules else 'no TF')\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "LOGDIR" in done.stdout and "--json" in done.stdout and "exit status" in done.stdout
+    assert done.stdout.strip().endswith("no TF")
