@@ -6,13 +6,17 @@ sees the state of one step boundary.
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import glob
 import os
+import re
 import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._errors import CheckpointMismatchError
+from ._errors import CheckpointMismatchError, LogdirLockedError
 from ._log import log
 
 if TYPE_CHECKING:
@@ -56,25 +60,60 @@ class Checkpointer:
             keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
             checkpoint_name=basename,
         )
+        self.basename = basename
         self.last_saved_step: int | None = None
         self.last_saved_at: float | None = None  # time.monotonic() of the last save
         self.failures = 0
 
-    def latest(self) -> str | None:
-        import tensorflow as tf
+    def candidates(self) -> list[str]:
+        """Every checkpoint in the directory, newest step first.
 
-        return tf.train.latest_checkpoint(self.directory)  # type: ignore[no-any-return]
+        The state file's list and the index files on disk are merged: a lost or
+        corrupt state file must not hide the checkpoints beside it.
+        """
+        return list_checkpoints(self.directory, self.basename)
+
+    def latest(self) -> str | None:
+        found = self.candidates()
+        return found[0] if found else None
+
+    def restore_newest(self) -> tuple[str | None, list[tuple[str, str]]]:
+        """Restore the newest checkpoint that reads back whole; skip the damaged ones.
+
+        Returns the path restored (``None`` if there was none) and the skipped
+        checkpoints with their reasons. A readable checkpoint that does not match
+        the model raises ``CheckpointMismatchError``: that is a wrong model or a
+        wrong logdir, not damage, and no older checkpoint would fix it.
+        """
+        skipped: list[tuple[str, str]] = []
+        for path in self.candidates():
+            problem = verify_checkpoint(path)
+            if problem is None:
+                self.restore(path)
+                return path, skipped
+            log.warning("checkpoint.fallback", skipped=path, reason=problem)
+            skipped.append((path, problem))
+        return None, skipped
 
     def restore(self, path: str) -> None:
-        started = time.perf_counter()
-        status = self.checkpoint.restore(path)
+        """Restore ``path`` into the checkpoint's objects, or raise CheckpointMismatchError."""
+        missing, unexpected = top_level_differences(self.checkpoint, path)
+        if missing or unexpected:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} does not match the objects being restored: "
+                f"the model has {missing or 'nothing'} that the checkpoint lacks; "
+                f"the checkpoint has {unexpected or 'nothing'} that the model lacks"
+            )
         try:
+            status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
-        except AssertionError as exc:
+        except (AssertionError, ValueError) as exc:  # missing objects; shapes that differ
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: {exc}"
             ) from exc
-        log.info("checkpoint.restored", path=path, seconds=round(time.perf_counter() - started, 4))
+
+    def _sync_new(self, prefix: str) -> None:
+        sync_paths([*glob.glob(glob.escape(prefix) + ".*"), self.directory])
 
     def save(self, step: int) -> str | None:
         """Save at ``step``; ``None`` if a checkpoint for it exists or the save failed.
@@ -84,9 +123,16 @@ class Checkpointer:
         """
         if step == self.last_saved_step:
             return None
+        import tensorflow as tf
+
         started = time.perf_counter()
+        # Runs after the files are written and before TF points the state file at
+        # them: the data must be on disk first, or a machine crash could leave a
+        # state file naming files that never reached the disk.
+        durable = tf.train.CheckpointOptions(experimental_write_callbacks=[self._sync_new])
         try:
-            path: str = self.manager.save(checkpoint_number=step)
+            path: str = self.manager.save(checkpoint_number=step, options=durable)
+            sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
         except Exception as exc:
             self.failures += 1
             log.error(
@@ -133,6 +179,62 @@ def verify_checkpoint(prefix: str) -> str | None:
     return None
 
 
+def sync_paths(paths: list[str]) -> None:
+    """fsync files and directories (a directory's fsync makes renames in it durable)."""
+    for path in paths:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def list_checkpoints(directory: str, basename: str) -> list[str]:
+    """Checkpoint prefixes in ``directory``, newest step first, from the state file and disk."""
+    import tensorflow as tf
+
+    pattern = re.compile(re.escape(basename) + r"-(\d+)$")
+    names: set[str] = set()
+    with contextlib.suppress(Exception):  # a corrupt or missing state file lists nothing
+        state = tf.train.get_checkpoint_state(directory)
+        if state is not None:
+            listed = [state.model_checkpoint_path, *state.all_model_checkpoint_paths]
+            names.update(os.path.basename(p) for p in listed if p)
+    with contextlib.suppress(FileNotFoundError):
+        names.update(n[: -len(".index")] for n in os.listdir(directory) if n.endswith(".index"))
+    steps = {n: int(m[1]) for n in names if (m := pattern.match(n))}
+    return [os.path.join(directory, n) for n in sorted(steps, key=steps.__getitem__, reverse=True)]
+
+
+def _holds_state(obj: Any) -> bool:
+    """Whether ``obj`` or anything it tracks has a value a checkpoint would save."""
+    import tensorflow as tf
+
+    for node in tf.train.TrackableView(obj).descendants():
+        if (
+            isinstance(node, tf.Variable)
+            or hasattr(node, "assign")
+            or "Iterator" in type(node).__name__
+        ):
+            return True
+    return False
+
+
+def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[str]]:
+    """The top-level names only the model has (with state), and only the checkpoint has."""
+    import tensorflow as tf
+
+    keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    saved = {k.split("/", 1)[0] for k in keys if "/" in k and not k.startswith("_")}
+    live = tf.train.TrackableView(checkpoint).children(checkpoint)
+    saved.discard("save_counter")  # the Checkpoint's own counter, created on first save
+    missing = sorted(
+        n for n, obj in live.items() if n not in saved and n != "save_counter" and _holds_state(obj)
+    )
+    unexpected = sorted(n for n in saved if n not in live)
+    return missing, unexpected
+
+
 def checkpoint_bytes(prefix: str) -> int:
     """The size on disk of the files of the checkpoint at ``prefix``."""
     return sum(os.path.getsize(p) for p in glob.glob(glob.escape(prefix) + ".*"))
@@ -148,3 +250,39 @@ def track_global_step(checkpoint: Any, variable: Any) -> None:
             "checkpoint already has a `global_step` that is not the supervisor's global_step; "
             "pass it as global_step= instead"
         )
+
+
+class LogdirLock:
+    """One live chief per logdir: an exclusive ``flock`` on ``<logdir>/.asupervisor.lock``.
+
+    The kernel drops the lock when its process dies, however it dies, so a lock
+    left by a killed run never blocks the next one.
+    """
+
+    NAME = ".asupervisor.lock"
+
+    def __init__(self, logdir: str) -> None:
+        self.path = os.path.join(logdir, self.NAME)
+        self._fd: int | None = None
+
+    def acquire(self) -> None:
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            if exc.errno not in (errno.EAGAIN, errno.EACCES):
+                raise
+            raise LogdirLockedError(
+                f"logdir {os.path.dirname(self.path)!r} is in use by another chief "
+                f"(pid {holder}); give each run its own logdir, or make this one a non-chief"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        self._fd = fd
+
+    def release(self) -> None:
+        if self._fd is not None:
+            os.close(self._fd)  # closing drops the flock
+            self._fd = None

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._checkpoints import RestoreReport
+from ._checkpoints import LogdirLock, RestoreReport
 from ._errors import GracePeriodExpired, StepTimeout, WaitTimeout
 from ._log import log
 from ._session import GlobalStep, ManagedSession
@@ -38,6 +38,7 @@ class Lifecycle:
         self.worker = TrainingThread(self.caller)
         self.stuck: str | None = None  # the step still running after the grace period
         self.cancelled: BaseException | None = None  # cancellation from outside the session
+        self.lock: LogdirLock | None = None
 
     @asynccontextmanager
     async def running(
@@ -70,6 +71,8 @@ class Lifecycle:
         started = time.perf_counter()
         if sv.is_chief and sv.logdir is not None:
             os.makedirs(sv.logdir, exist_ok=True)
+            self.lock = LogdirLock(sv.logdir)
+            self.lock.acquire()  # before anything is written: one live chief per logdir
         sv._checkpointer = sv._new_checkpointer()  # reads the state file as it is now
         if wait_for_checkpoint and not sv.is_chief:
             await self._wait_for_checkpoint(max_wait_secs)
@@ -112,26 +115,28 @@ class Lifecycle:
             sess._writer.set_as_default(step=sv.global_step)
         for hook in sv.hooks:
             hook.begin(sv)
-        path = sv._checkpointer.latest() if sv._checkpointer is not None else None
+        path: str | None = None
+        skipped: list[tuple[str, str]] = []
+        started = time.perf_counter()
+        if sv._checkpointer is not None:
+            path, skipped = sv._checkpointer.restore_newest()
+        step.reload()
         if path is not None:
-            started = time.perf_counter()
-            sv._checkpointer.restore(path)  # type: ignore[union-attr]
-            step.reload()
             sv._checkpointer.last_saved_step = step.value  # type: ignore[union-attr]
             log.info(
                 "checkpoint.restored",
                 path=path,
                 step=step.value,
+                skipped=len(skipped),
                 seconds=round(time.perf_counter() - started, 4),
             )
-            report = RestoreReport("checkpoint", path, step.value)
+            report = RestoreReport("checkpoint", path, step.value, tuple(skipped))
         else:
-            step.reload()
             source = "fresh"
             if sv.init_fn is not None and sv.is_chief:
                 sv.init_fn()
                 source = "init_fn"
-            report = RestoreReport(source, None, step.value)  # type: ignore[arg-type]
+            report = RestoreReport(source, None, step.value, tuple(skipped))  # type: ignore[arg-type]
         for hook in sv.hooks:
             hook.after_create_session(sess)
         if report.source != "checkpoint":
@@ -216,6 +221,8 @@ class Lifecycle:
             else:
                 sv._writer.flush()
             sv._writer = None
+        if self.lock is not None:
+            self.lock.release()
         self.worker.stop()
         if self.stuck is None:
             self.worker.join(timeout=self.sv.stop_grace_secs or None)

@@ -74,6 +74,7 @@ class ManagedSession:
         self._services_done: anyio.Event | None = None
         self.restore_report = RestoreReport("fresh", None, 0)
         self._last_result: Any = None
+        self._recoveries = 0  # recoveries in a row, for max_recoveries
 
     # -- steps --------------------------------------------------------------
 
@@ -92,11 +93,16 @@ class ManagedSession:
         ctx = RunContext(self._step_var.value, args, kwargs, self) if hooks else None
         for hook in hooks:
             hook.before_run(ctx)  # type: ignore[arg-type]
-        try:
-            result = fn(*args, **kwargs)
-        except self._coord.clean_stop_exception_types as exc:
-            self._coord.request_stop(exc)  # end of data: a clean stop, re-raised to the caller
-            raise
+        while True:
+            try:
+                result = fn(*args, **kwargs)
+                break
+            except self._coord.clean_stop_exception_types as exc:
+                self._coord.request_stop(exc)  # end of data: a clean stop, re-raised
+                raise
+            except self.supervisor.recoverable_errors as exc:
+                self._recover(exc)  # raises when it cannot
+        self._recoveries = 0
         self._step_var.advance()
         self._last_result = result  # for progress displays; one assignment, no copy
         for hook in hooks:
@@ -104,6 +110,26 @@ class ManagedSession:
         if self._save_steps and self._step_var.value % self._save_steps == 0:
             self._save_checkpoint()
         return result
+
+    def _recover(self, exc: BaseException) -> None:
+        """After a recoverable error: restore the newest good checkpoint, so that the
+        failed step's partial writes are gone, and let the step run again."""
+        sv, checkpointer = self.supervisor, self.supervisor._checkpointer
+        self._recoveries += 1
+        if checkpointer is None or self._recoveries > sv.max_recoveries:
+            raise exc
+        path, _ = checkpointer.restore_newest()
+        if path is None:
+            raise exc
+        self._step_var.reload()
+        log.warning(
+            "step.recovered",
+            error=f"{type(exc).__name__}: {exc}",
+            restored_step=self._step_var.value,
+            path=path,
+            attempt=self._recoveries,
+            max_recoveries=sv.max_recoveries,
+        )
 
     def _save_checkpoint(self) -> str | None:
         """Save at the current step (training thread); hooks' after_save may ask to stop."""

@@ -1,0 +1,226 @@
+"""Recovery: damaged checkpoints are skipped, one chief per logdir, recoverable errors."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from tests.conftest import Pair, named
+
+pytestmark = pytest.mark.asyncio
+
+
+def make(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
+    kwargs.setdefault("save_model_secs", 0)
+    kwargs.setdefault("save_model_steps", 2)
+    kwargs.setdefault("max_to_keep", None)
+    kwargs.setdefault("save_summaries_secs", 0)
+    kwargs.setdefault("handle_signals", False)
+    return asv.Supervisor(logdir, checkpoint={"pair": pair}, **kwargs)
+
+
+async def train(logdir: str, steps: int) -> None:
+    pair = Pair()
+    async with make(logdir, pair).session() as sess:
+        for _ in range(steps):
+            await sess.run(pair.step)
+
+
+async def restored_step(logdir: str) -> tuple[asv.RestoreReport, float]:
+    pair = Pair()
+    async with make(logdir, pair).session() as sess:
+        report = sess.restore_report
+        value = float(pair.a.numpy())
+    return report, value
+
+
+async def test_a_truncated_newest_checkpoint_falls_back_to_the_previous(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    await train(logdir, 4)
+    data = Path(logdir, "model.ckpt-4.data-00000-of-00001")
+    data.write_bytes(data.read_bytes()[:7])
+    report, a = await restored_step(logdir)
+    assert report.source == "checkpoint" and report.step == 2 and a == 2.0
+    assert [Path(p).name for p, _ in report.skipped] == ["model.ckpt-4"]
+    fallback = named(events, "checkpoint.fallback")
+    assert fallback and fallback[0]["skipped"].endswith("model.ckpt-4") and fallback[0]["reason"]
+
+
+async def test_a_state_file_pointing_at_deleted_files_falls_back(logdir: str) -> None:
+    await train(logdir, 6)
+    for name in os.listdir(logdir):
+        if name.startswith("model.ckpt-6."):
+            os.remove(os.path.join(logdir, name))
+    assert tf.train.get_checkpoint_state(logdir).model_checkpoint_path.endswith("model.ckpt-6")
+    report, a = await restored_step(logdir)
+    assert report.step == 4 and a == 4.0
+
+
+async def test_an_unreadable_index_and_a_corrupt_state_file_fall_back(logdir: str) -> None:
+    await train(logdir, 4)
+    Path(logdir, "model.ckpt-4.index").write_bytes(b"\x00garbage" * 10)
+    Path(logdir, "checkpoint").write_text("this is not a checkpoint state {{{")
+    report, a = await restored_step(logdir)
+    assert report.step == 2 and a == 2.0
+    assert len(report.skipped) == 1 and "model.ckpt-4" in report.skipped[0][0]
+
+
+async def test_every_checkpoint_damaged_means_a_fresh_start_that_says_so(logdir: str) -> None:
+    await train(logdir, 2)
+    for name in os.listdir(logdir):
+        if name.endswith(".index"):
+            Path(logdir, name).write_bytes(b"broken")
+    report, a = await restored_step(logdir)
+    assert report.source == "fresh" and a == 0.0
+    assert len(report.skipped) == 2  # model.ckpt-2 and model.ckpt-0
+
+
+async def test_a_mismatched_checkpoint_lists_what_differs(logdir: str) -> None:
+    await train(logdir, 2)
+
+    class Wider(tf.Module):
+        def __init__(self) -> None:
+            self.a = tf.Variable([0.0, 0.0])  # the checkpoint has a scalar
+            self.b = tf.Variable(0.0)
+
+    with pytest.raises(asv.CheckpointMismatchError, match=r"model\.ckpt-2"):
+        async with asv.Supervisor(
+            logdir, checkpoint={"pair": Wider()}, handle_signals=False
+        ).session():
+            pass
+
+    with pytest.raises(
+        asv.CheckpointMismatchError,
+        match=r"the model has \['other'\] that the checkpoint lacks; "
+        r"the checkpoint has \['pair'\] that the model lacks",
+    ):
+        async with asv.Supervisor(
+            logdir, checkpoint={"other": Pair()}, handle_signals=False
+        ).session():
+            pass
+
+
+async def test_a_second_live_chief_is_refused(logdir: str) -> None:
+    first = make(logdir, Pair())
+    async with first.session():
+        with pytest.raises(asv.LogdirLockedError, match=f"pid {os.getpid()}"):
+            async with make(logdir, Pair()).session():
+                pass
+        # a non-chief may read along
+        async with make(logdir, Pair(), is_chief=False).session() as reader:
+            assert reader.restore_report.step == 0
+    async with make(logdir, Pair()).session() as again:  # released on exit
+        assert again.restore_report.step == 0
+
+
+@pytest.mark.slow
+async def test_a_lock_left_by_a_killed_process_does_not_block(logdir: str) -> None:
+    os.makedirs(logdir)
+    holder = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys, time\n"
+            "from asupervisor._checkpoints import LogdirLock\n"
+            f"LogdirLock({logdir!r}).acquire()\n"
+            "print('locked', flush=True)\n"
+            "time.sleep(60)\n",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+        with pytest.raises(asv.LogdirLockedError, match=f"pid {holder.pid}"):
+            async with make(logdir, Pair()).session():
+                pass
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(10)
+        async with make(logdir, Pair()).session() as sess:
+            assert sess.restore_report.source == "fresh"
+    finally:
+        holder.kill()
+
+
+class Aborting:
+    """A step that writes half its update, then aborts, on the listed calls."""
+
+    def __init__(self, pair: Pair, abort_on: set[int]) -> None:
+        self.pair, self.abort_on, self.calls = pair, abort_on, 0
+
+    def __call__(self) -> None:
+        self.calls += 1
+        self.pair.a.assign_add(1.0)
+        if self.calls in self.abort_on:
+            raise tf.errors.AbortedError(None, None, "the parameter server went away")
+        self.pair.b.assign_add(1.0)
+
+
+async def test_an_aborted_step_is_recovered_from_the_last_checkpoint(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    pair = Pair()
+    step = Aborting(pair, abort_on={4, 5})
+    async with make(logdir, pair, save_model_steps=1).session() as sess:
+        for _ in range(6):
+            await sess.run(step)
+        assert sess.global_step == 6
+    # the aborted calls' half-updates of `a` did not survive the restore
+    assert float(pair.a.numpy()) == float(pair.b.numpy()) == 6.0
+    recovered = named(events, "step.recovered")
+    assert [e["restored_step"] for e in recovered] == [3, 3]
+    assert "AbortedError" in recovered[0]["error"]
+
+
+async def test_recoveries_in_a_row_are_capped(logdir: str) -> None:
+    pair = Pair()
+    always = Aborting(pair, abort_on=set(range(2, 100)))
+    with pytest.raises(tf.errors.AbortedError):
+        async with make(logdir, pair, save_model_steps=1, max_recoveries=2).session() as sess:
+            for _ in range(5):
+                await sess.run(always)
+    assert always.calls == 1 + 3  # one good step, then the first try and two recoveries
+
+
+async def test_without_a_checkpoint_a_recoverable_error_is_raised(pair: Pair) -> None:
+    sv = asv.Supervisor(None, checkpoint={"pair": pair}, handle_signals=False)
+    with pytest.raises(tf.errors.UnavailableError):
+        async with sv.session() as sess:
+            await sess.run(
+                lambda: (_ for _ in ()).throw(tf.errors.UnavailableError(None, None, "x"))
+            )
+
+
+def half_step(pair: Pair) -> None:
+    pair.a.assign_add(1.0)
+    time.sleep(0.03)  # far longer than the save interval
+    pair.b.assign_add(1.0)
+
+
+async def test_every_checkpoint_holds_one_step_boundary(logdir: str) -> None:
+    pair = Pair()
+    sv = make(logdir, pair, save_model_secs=0.005, save_model_steps=None)
+    async with sv.session() as sess:
+        for _ in range(15):
+            await sess.run(half_step, pair)
+    paths = [p for p in Path(logdir).glob("model.ckpt-*.index")]
+    assert len(paths) >= 5
+    for index in paths:
+        reader = tf.train.load_checkpoint(str(index)[: -len(".index")])
+        values = {
+            k.split("/")[1]: reader.get_tensor(k)
+            for k in reader.get_variable_to_shape_map()
+            if k.startswith("pair/")
+        }
+        step = int(index.name.split("-")[1].split(".")[0])
+        assert values["a"] == values["b"] == step, index.name
