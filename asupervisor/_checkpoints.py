@@ -221,11 +221,19 @@ def _holds_state(obj: Any) -> bool:
 
 
 def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[str]]:
-    """The top-level names only the model has (with state), and only the checkpoint has."""
-    import tensorflow as tf
+    """The top-level names only the model has (with state), and only the checkpoint has.
 
-    keys = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    saved = {k.split("/", 1)[0] for k in keys if "/" in k and not k.startswith("_")}
+    The names come from the object graph saved in the checkpoint, not from the
+    tensors' keys: TF names a value by its first path in the graph, so a model's
+    variables may be saved under the optimizer that also tracks them.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+        tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    )
+    saved = {child.local_name for child in graph.nodes[0].children}
     live = tf.train.TrackableView(checkpoint).children(checkpoint)
     saved.discard("save_counter")  # the Checkpoint's own counter, created on first save
     missing = sorted(
