@@ -11,6 +11,7 @@ from ._checkpoints import RestoreReport
 from ._coordinator import Coordinator
 from ._errors import (
     CheckpointMismatchError,
+    CheckpointSaveError,
     GracePeriodExpired,
     LogdirLockedError,
     NanLossError,
@@ -27,6 +28,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "CheckpointMismatchError",
+    "CheckpointSaveError",
     "Coordinator",
     "GracePeriodExpired",
     "Hook",

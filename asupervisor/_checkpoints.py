@@ -16,7 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from ._errors import CheckpointMismatchError, LogdirLockedError
+from ._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
 from ._log import log
 
 if TYPE_CHECKING:
@@ -142,7 +142,11 @@ class Checkpointer:
                 consecutive_failures=self.failures,
             )
             if self.failures >= MAX_CONSECUTIVE_FAILURES:
-                raise
+                raise CheckpointSaveError(
+                    f"{self.failures} checkpoint saves in a row failed (full disk? no "
+                    f"permission?); the last good checkpoint is {self.manager.latest_checkpoint}; "
+                    f"last error: {type(exc).__name__}: {exc}"
+                ) from exc
             return None
         seconds = round(time.perf_counter() - started, 4)
         self.failures = 0

@@ -76,11 +76,15 @@ class Coordinator:
         """Ask everything to stop; ``exc`` (an exception or exc_info) is the cause."""
         self._request(exc, "requested")
 
-    def _request(self, exc: BaseException | ExcInfo | None, reason: str) -> None:
+    def _request(
+        self, exc: BaseException | ExcInfo | None, reason: str, *, failure: bool = False
+    ) -> None:
         """Stop with ``reason``; an error's reason is ``"exception"`` unless a more
-        specific one (``"timeout"``, ``"nan"``) is given."""
+        specific one (``"timeout"``, ``"nan"``) is given. ``failure=True``: ``exc``
+        is an error whatever its type (a service that failed did not reach the end
+        of its data)."""
         error = _as_exception(exc)
-        if error is not None and isinstance(error, self.clean_stop_exception_types):
+        if not failure and error is not None and isinstance(error, self.clean_stop_exception_types):
             error, reason = None, "end_of_data"
         with self._lock:
             first_stop = not self._stopped

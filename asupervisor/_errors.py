@@ -6,6 +6,7 @@ exception a caller would naturally catch::
     SupervisorError
      ├── GracePeriodExpired      (also RuntimeError) a step outlived stop_grace_secs
      ├── CheckpointMismatchError a checkpoint's variables do not match the model
+ ├── CheckpointSaveError     saves failed several times in a row (disk full?)
      ├── LogdirLockedError       another live chief holds the logdir
      ├── WaitTimeout             (also TimeoutError) no checkpoint appeared in time
      ├── NanLossError            a step's loss was NaN
@@ -31,6 +32,15 @@ class GracePeriodExpired(SupervisorError, RuntimeError):
 
 class CheckpointMismatchError(SupervisorError):
     """A checkpoint's variables do not match the objects being restored."""
+
+
+class CheckpointSaveError(SupervisorError):
+    """Checkpoint saves failed several times in a row; ``__cause__`` is the last failure.
+
+    A distinct type because TensorFlow reports some write failures (a file too
+    large for the disk's limits) as ``tf.errors.OutOfRangeError``, the same type
+    that means "end of data": such a failure must never pass for a clean stop.
+    """
 
 
 class LogdirLockedError(SupervisorError):

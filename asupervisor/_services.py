@@ -122,5 +122,5 @@ def _handle_failure(reg: Registration, sess: ManagedSession, exc: Exception, res
         exc_info=exc,
     )
     if reg.on_error != "log" and not restart:
-        sess.request_stop(exc)
+        sess._coord._request(exc, "requested", failure=True)
     return restart

@@ -10,6 +10,7 @@ import asupervisor.services
 def test_top_level_names_are_pinned() -> None:
     assert asupervisor.__all__ == [
         "CheckpointMismatchError",
+        "CheckpointSaveError",
         "Coordinator",
         "GracePeriodExpired",
         "Hook",
@@ -58,6 +59,7 @@ def test_every_error_is_a_supervisor_error() -> None:
     errors = [
         asupervisor.GracePeriodExpired,
         asupervisor.CheckpointMismatchError,
+        asupervisor.CheckpointSaveError,
         asupervisor.LogdirLockedError,
         asupervisor.WaitTimeout,
         asupervisor.NanLossError,

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 import pytest
+import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor.services import LoopService
@@ -166,3 +167,18 @@ async def test_service_objects_and_start_service() -> None:
         await anyio.sleep(0.05)
     assert names == ["named-service"]
     assert LoopService(1, print).name == "loop:print"
+
+
+async def test_a_service_failing_with_a_clean_stop_type_is_still_an_error() -> None:
+    """OutOfRangeError from a broken service is a failure, not the end of the training data."""
+    sv = quick()
+    boom = tf.errors.OutOfRangeError(None, None, "the service's own dataset ran dry")
+
+    @sv.service
+    async def dry(sess: asv.ManagedSession) -> None:
+        raise boom
+
+    with pytest.raises(tf.errors.OutOfRangeError) as raised:
+        async with sv.session() as sess:
+            await sess.sleep_until_stop(10)
+    assert raised.value is boom and sess.stop_reason == "exception"

@@ -1,0 +1,68 @@
+"""A full disk: failed saves are logged, retried, and never touch the last good checkpoint."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from asupervisor._checkpoints import verify_checkpoint
+
+# RLIMIT_FSIZE makes every write past 64 KiB fail with EFBIG, as a full disk fails
+# with ENOSPC; SIGXFSZ is ignored so that the write fails instead of killing us.
+FULL_DISK_RUN = textwrap.dedent(
+    """
+    import resource, signal, sys
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+    big = tf.Variable(tf.zeros([256, 1024]))  # 1 MiB: a checkpoint no longer fits
+
+    async def main() -> None:
+        sv = asv.Supervisor(sys.argv[1], checkpoint={"big": big}, save_model_secs=0,
+                            save_model_steps=5, save_summaries_secs=0, handle_signals=False)
+        async with sv.session() as sess:
+            for _ in range(100):
+                await sess.run(big.assign_add, tf.ones([256, 1024]))
+                print("step", sess.global_step, flush=True)
+                if sess.global_step == 7:
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_full_disk_keeps_the_last_good_checkpoint_and_ends_the_run(tmp_path: Path) -> None:
+    logdir = tmp_path / "run"
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_RUN)
+    done = subprocess.run(
+        [sys.executable, str(script), str(logdir)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode != 0, "the run went on although no checkpoint could be written"
+    assert done.stdout.count("checkpoint.failed") == 3
+    assert "step 19" in done.stdout and "step 20" not in done.stdout  # 10, 15, 20 failed
+    assert "consecutive_failures=3" in done.stdout
+    assert (
+        "asupervisor._errors.CheckpointSaveError: 3 checkpoint saves in a row failed" in done.stderr
+    )
+    assert "model.ckpt-5" in done.stderr.split("CheckpointSaveError")[-1]  # names the good one
+    latest = tf.train.latest_checkpoint(str(logdir))
+    assert latest is not None and latest.endswith("model.ckpt-5")
+    for step in (0, 5):
+        assert verify_checkpoint(str(logdir / f"model.ckpt-{step}")) is None
+    reader = tf.train.load_checkpoint(latest)
+    key = next(k for k in reader.get_variable_to_shape_map() if k.startswith("big/"))
+    assert float(reader.get_tensor(key)[0, 0]) == 5.0
