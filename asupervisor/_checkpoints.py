@@ -6,16 +6,20 @@ sees the state of one step boundary.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import errno
 import fcntl
 import glob
 import os
 import re
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
+from . import _async_save
 from ._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
 from ._log import log
 
@@ -47,6 +51,7 @@ class Checkpointer:
         basename: str,
         max_to_keep: int | None,
         keep_checkpoint_every_n_hours: float | None,
+        async_write: bool = False,
     ) -> None:
         import tensorflow as tf
 
@@ -64,6 +69,13 @@ class Checkpointer:
         self.last_saved_step: int | None = None
         self.last_saved_at: float | None = None  # time.monotonic() of the last save
         self.failures = 0
+        self.async_write = async_write
+        self._writer: threading.Thread | None = None
+        # Saves whose files are on disk, for after_save hooks on the training thread.
+        self.completed: collections.deque[tuple[int, str]] = collections.deque()
+        # How a failure on the writer thread stops training (set by the session).
+        self.on_fatal: Callable[[BaseException], None] | None = None
+        self.fatal: CheckpointSaveError | None = None
 
     def candidates(self) -> list[str]:
         """Every checkpoint in the directory, newest step first.
@@ -123,6 +135,9 @@ class Checkpointer:
         """
         if step == self.last_saved_step:
             return None
+        if self.async_write:
+            self._save_async(step)
+            return None
         import tensorflow as tf
 
         started = time.perf_counter()
@@ -134,21 +149,33 @@ class Checkpointer:
             path: str = self.manager.save(checkpoint_number=step, options=durable)
             sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
         except Exception as exc:
-            self.failures += 1
-            log.error(
-                "checkpoint.failed",
-                step=step,
-                error=f"{type(exc).__name__}: {exc}",
-                consecutive_failures=self.failures,
-            )
-            if self.failures >= MAX_CONSECUTIVE_FAILURES:
-                raise CheckpointSaveError(
-                    f"{self.failures} checkpoint saves in a row failed (full disk? no "
-                    f"permission?); the last good checkpoint is {self.manager.latest_checkpoint}; "
-                    f"last error: {type(exc).__name__}: {exc}"
-                ) from exc
+            fatal = self._failed(step, exc)
+            if fatal is not None:
+                raise fatal from exc
             return None
-        seconds = round(time.perf_counter() - started, 4)
+        seconds = time.perf_counter() - started
+        self._saved(step, path, seconds, seconds)
+        return path
+
+    def _failed(self, step: int, exc: Exception) -> CheckpointSaveError | None:
+        """Log a failed save; the error to stop training with on the third in a row."""
+        self.failures += 1
+        self.last_saved_step = None  # the next trigger tries again
+        log.error(
+            "checkpoint.failed",
+            step=step,
+            error=f"{type(exc).__name__}: {exc}",
+            consecutive_failures=self.failures,
+        )
+        if self.failures < MAX_CONSECUTIVE_FAILURES:
+            return None
+        return CheckpointSaveError(
+            f"{self.failures} checkpoint saves in a row failed (full disk? no "
+            f"permission?); the last good checkpoint is {self.manager.latest_checkpoint}; "
+            f"last error: {type(exc).__name__}: {exc}"
+        )
+
+    def _saved(self, step: int, path: str, seconds: float, blocked: float) -> None:
         self.failures = 0
         self.last_saved_step = step
         self.last_saved_at = time.monotonic()
@@ -156,11 +183,59 @@ class Checkpointer:
             "checkpoint.saved",
             path=path,
             step=step,
-            seconds=seconds,
-            blocked_seconds=seconds,
+            seconds=round(seconds, 4),
+            blocked_seconds=round(blocked, 4),
             bytes=checkpoint_bytes(path),
         )
-        return path
+
+    # -- asynchronous writes ---------------------------------------------------
+
+    def _save_async(self, step: int) -> None:
+        """Training thread: snapshot now, write in the background (one write at a time)."""
+        started = time.perf_counter()
+        self.wait_for_write()
+        if self.fatal is not None:
+            return  # saving has failed for good; training is being stopped
+        snapshot = _async_save.take_snapshot(self.checkpoint)
+        held = time.perf_counter() - started
+        self.last_saved_step = step
+        prefix = f"{self.manager._prefix}-{step}"
+        self._writer = threading.Thread(
+            target=self._write,
+            args=(snapshot, prefix, step, started, held),
+            name="asupervisor-checkpoint-writer",
+            daemon=True,
+        )
+        self._writer.start()
+
+    def _write(self, snapshot: Any, prefix: str, step: int, started: float, held: float) -> None:
+        """Writer thread: files, fsync, then the state file; failures are reported."""
+        try:
+            _async_save.write_snapshot(snapshot, prefix)
+            self._sync_new(prefix)
+            _async_save.commit(self.manager, prefix)
+            sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+        except Exception as exc:
+            fatal = self._failed(step, exc)
+            if fatal is not None:
+                fatal.__cause__ = exc
+                self.fatal = fatal
+                if self.on_fatal is not None:
+                    self.on_fatal(fatal)
+            return
+        del snapshot  # the shared buffers can go: later updates need not copy them
+        self._saved(step, prefix, time.perf_counter() - started, held)
+        self.completed.append((step, prefix))
+
+    def wait_for_write(self, timeout: float | None = None) -> bool:
+        """Block until the write in flight, if any, is on disk (or has failed);
+        ``False`` if it is still running after ``timeout`` seconds."""
+        if self._writer is not None:
+            self._writer.join(timeout)
+            if self._writer.is_alive():
+                return False
+            self._writer = None
+        return True
 
 
 def verify_checkpoint(prefix: str) -> str | None:

@@ -80,6 +80,12 @@ class Lifecycle:
         sv._writer = writer
         step = GlobalStep(sv.global_step, sv._owns_global_step)
         checkpointer = sv._checkpointer if sv.checkpointing else None
+        if checkpointer is not None:
+            # A background write that fails for good stops training, like a sync one.
+            def fatal(error: BaseException) -> None:
+                self.coord._request(error, "requested", failure=True)
+
+            checkpointer.on_fatal = fatal
         sess = ManagedSession(sv, self.worker, step, checkpointer, writer, sv._make_loop)
         sess.restore_report = await self.worker.run(self._restore_or_init, sess)
         report = sess.restore_report
@@ -211,6 +217,9 @@ class Lifecycle:
         for hook in self.sv.hooks:
             hook.end(sess)
         sess._save_checkpoint()
+        if sess._checkpointer is not None:
+            sess._checkpointer.wait_for_write()  # the final save is on disk when we return
+            sess._after_background_saves()
 
     def _close(self) -> None:
         self.coord._unbind()
@@ -221,6 +230,10 @@ class Lifecycle:
             else:
                 sv._writer.flush()
             sv._writer = None
+        if sv._checkpointer is not None and not sv._checkpointer.wait_for_write(
+            timeout=sv.stop_grace_secs
+        ):
+            log.error("checkpoint.write_unfinished", grace_secs=sv.stop_grace_secs)
         if self.lock is not None:
             self.lock.release()
         self.worker.stop()

@@ -109,6 +109,8 @@ class ManagedSession:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if self._save_steps and self._step_var.value % self._save_steps == 0:
             self._save_checkpoint()
+        if self._checkpointer is not None and self._checkpointer.completed:
+            self._after_background_saves()
         return result
 
     def _recover(self, exc: BaseException) -> None:
@@ -118,6 +120,7 @@ class ManagedSession:
         self._recoveries += 1
         if checkpointer is None or self._recoveries > sv.max_recoveries:
             raise exc
+        checkpointer.wait_for_write()
         path, _ = checkpointer.restore_newest()
         if path is None:
             raise exc
@@ -132,16 +135,28 @@ class ManagedSession:
         )
 
     def _save_checkpoint(self) -> str | None:
-        """Save at the current step (training thread); hooks' after_save may ask to stop."""
+        """Save at the current step (training thread); hooks' after_save may ask to stop.
+
+        With ``async_checkpoint`` the files are written in the background and the
+        hooks run at the first step boundary after they are on disk.
+        """
         if self._checkpointer is None:
             return None
         step = self._step_var.value
         path = self._checkpointer.save(step)
         if path is not None:
-            for hook in self._hooks:
-                if hook.after_save(self, step, path):
-                    self._request_stop("requested")
+            self._call_after_save(step, path)
         return path
+
+    def _after_background_saves(self) -> None:
+        completed = self._checkpointer.completed  # type: ignore[union-attr]
+        while completed:
+            self._call_after_save(*completed.popleft())
+
+    def _call_after_save(self, step: int, path: str) -> None:
+        for hook in self._hooks:
+            if hook.after_save(self, step, path):
+                self._request_stop("requested")
 
     def _step_running_since(self) -> tuple[str, float] | None:
         """The step running now, as (name, monotonic start time), or ``None``."""

@@ -67,7 +67,6 @@ class Supervisor:
         self.keep_checkpoint_every_n_hours = check.optional_positive(
             "keep_checkpoint_every_n_hours", keep_checkpoint_every_n_hours
         )
-        # Stored for the asynchronous writer (a later issue); checked now.
         self.async_checkpoint = check.boolean("async_checkpoint", async_checkpoint)
         self.save_summaries_secs = check.non_negative("save_summaries_secs", save_summaries_secs)
         self.summary_fn = check.optional_callable("summary_fn", summary_fn)
@@ -121,6 +120,7 @@ class Supervisor:
             basename=self.checkpoint_basename,
             max_to_keep=self.max_to_keep,
             keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
+            async_write=self.async_checkpoint,
         )
 
     def _make_writer(self) -> tf.summary.SummaryWriter | None:

@@ -207,9 +207,18 @@ def half_step(pair: Pair) -> None:
     pair.b.assign_add(1.0)
 
 
-async def test_every_checkpoint_holds_one_step_boundary(logdir: str) -> None:
+@pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
+async def test_every_checkpoint_holds_one_step_boundary(
+    logdir: str, async_checkpoint: bool
+) -> None:
     pair = Pair()
-    sv = make(logdir, pair, save_model_secs=0.005, save_model_steps=None)
+    sv = make(
+        logdir,
+        pair,
+        save_model_secs=0.005,
+        save_model_steps=None,
+        async_checkpoint=async_checkpoint,
+    )
     async with sv.session() as sess:
         for _ in range(15):
             await sess.run(half_step, pair)
