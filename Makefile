@@ -23,7 +23,8 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check asupervisor services tests examples
+	$(VENV)/bin/ruff check asupervisor services tests examples benchmarks
+	$(VENV)/bin/ruff format --check asupervisor services tests examples benchmarks
 	$(VENV)/bin/mypy
 
 clean:

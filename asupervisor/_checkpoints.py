@@ -116,6 +116,11 @@ class Checkpointer:
                 f"the model has {missing or 'nothing'} that the checkpoint lacks; "
                 f"the checkpoint has {unexpected or 'nothing'} that the model lacks"
             )
+        shapes = shape_differences(self.checkpoint, path)
+        if shapes:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} does not match the objects being restored: " + "; ".join(shapes)
+            )
         try:
             status = self.checkpoint.restore(path)
             status.assert_existing_objects_matched()
@@ -297,6 +302,32 @@ def _holds_state(obj: Any) -> bool:
         ):
             return True
     return False
+
+
+def shape_differences(checkpoint: Any, path: str) -> list[str]:
+    """``"name: checkpoint (3,), model (5,)"`` for every variable whose shape differs.
+
+    Variables are named by their first path from the root, breadth first, as TF
+    names them when it saves.
+    """
+    import tensorflow as tf
+
+    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    view = tf.train.TrackableView(checkpoint)
+    seen, queue, found = {id(checkpoint)}, [(checkpoint, "")], []
+    while queue:
+        obj, prefix = queue.pop(0)
+        for name, child in view.children(obj).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{prefix}{name}"
+            key = f"{child_path}/.ATTRIBUTES/VARIABLE_VALUE"
+            shape = getattr(child, "shape", None)
+            if key in saved and shape is not None and list(shape) != saved[key]:
+                found.append(f"{child_path}: checkpoint {tuple(saved[key])}, model {tuple(shape)}")
+            queue.append((child, child_path + "/"))
+    return found
 
 
 def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[str]]:
