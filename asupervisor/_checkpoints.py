@@ -13,6 +13,7 @@ import fcntl
 import glob
 import os
 import re
+import shutil
 import threading
 import time
 from collections.abc import Callable
@@ -263,6 +264,23 @@ def verify_checkpoint(prefix: str) -> str | None:
     return None
 
 
+def remove_unfinished(directory: str, basename: str) -> list[str]:
+    """Remove the temp directories of saves that never finished (a kill mid-save).
+
+    Only a chief holding the logdir lock calls this, so no save of its own is
+    under way; the finished checkpoints are never touched.
+    """
+    pattern = re.compile(re.escape(basename) + r"-\d+_temp$")
+    removed = []
+    with contextlib.suppress(FileNotFoundError):
+        for name in os.listdir(directory):
+            path = os.path.join(directory, name)
+            if pattern.match(name) and os.path.isdir(path):
+                shutil.rmtree(path, ignore_errors=True)
+                removed.append(name)
+    return removed
+
+
 def sync_paths(paths: list[str]) -> None:
     """fsync files and directories (a directory's fsync makes renames in it durable)."""
     for path in paths:
@@ -384,7 +402,14 @@ class LogdirLock:
         self._fd: int | None = None
 
     def acquire(self) -> None:
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        except OSError as exc:
+            raise type(exc)(
+                exc.errno,
+                f"cannot write into logdir {os.path.dirname(self.path)!r} "
+                f"(its lock file could not be created): {exc.strerror}",
+            ) from exc
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError as exc:

@@ -16,10 +16,11 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._checkpoints import LogdirLock, RestoreReport
+from ._checkpoints import LogdirLock, RestoreReport, remove_unfinished
 from ._errors import GracePeriodExpired, StepTimeout, WaitTimeout
 from ._log import log
 from ._session import GlobalStep, ManagedSession
+from ._signals import SignalHandlers
 from ._worker import TrainingThread, loop_caller
 
 if TYPE_CHECKING:
@@ -39,6 +40,9 @@ class Lifecycle:
         self.stuck: str | None = None  # the step still running after the grace period
         self.cancelled: BaseException | None = None  # cancellation from outside the session
         self.lock: LogdirLock | None = None
+        self.signals: SignalHandlers | None = None
+        self.interrupted = False  # a second SIGINT: stop at once
+        self.scopes: list[anyio.CancelScope] = []  # what a hard stop cancels
 
     @asynccontextmanager
     async def running(
@@ -46,23 +50,45 @@ class Lifecycle:
     ) -> AsyncIterator[ManagedSession]:
         self.coord.clear_stop()
         self.worker.start()
+        if self.sv.handle_signals:
+            self.signals = SignalHandlers(self.caller, self._on_signal, self._on_interrupt)
+            self.signals.install()
         try:
             sess = await self._start(wait_for_checkpoint, max_wait_secs)
             async with anyio.create_task_group() as tg:
+                self.scopes.append(tg.cancel_scope)
                 self._start_services(sess, tg, standard_services)
                 try:
                     with anyio.CancelScope() as body:
+                        self.scopes.append(body)
                         self.coord._bind(self.caller, body.cancel)
                         tg.start_soon(self._watch_grace, sess, body, name="grace-watcher")
                         yield sess
                 except BaseException as exc:  # the body's own error, or an outside cancellation
                     self._body_raised(exc)
-                with anyio.CancelScope(shield=True):
-                    await self._stop(sess)
+                with anyio.CancelScope(shield=True) as stopping:
+                    self.scopes.append(stopping)
+                    if not self.interrupted:
+                        await self._stop(sess)
                 tg.cancel_scope.cancel()
         finally:
             self._close()
         self._raise_outcome()
+
+    # -- signals --------------------------------------------------------------
+
+    def _on_signal(self, name: str) -> None:
+        """On the loop: SIGTERM or a first SIGINT asks for a graceful stop."""
+        log.warning("signal.received", signal=name, action="graceful stop")
+        self.coord._request(None, "signal")
+
+    def _on_interrupt(self, name: str) -> None:
+        """On the loop: a second SIGINT stops at once; no final save, nothing awaited."""
+        log.warning("signal.received", signal=name, action="stop at once")
+        self.interrupted = True
+        self.coord._request(None, "signal")
+        for scope in self.scopes:
+            scope.cancel()
 
     # -- start ----------------------------------------------------------------
 
@@ -73,10 +99,13 @@ class Lifecycle:
             os.makedirs(sv.logdir, exist_ok=True)
             self.lock = LogdirLock(sv.logdir)
             self.lock.acquire()  # before anything is written: one live chief per logdir
+            leftovers = remove_unfinished(sv.logdir, sv.checkpoint_basename)
+            if leftovers:
+                log.info("checkpoint.unfinished_removed", paths=leftovers)
         sv._checkpointer = sv._new_checkpointer()  # reads the state file as it is now
         if wait_for_checkpoint and not sv.is_chief:
             await self._wait_for_checkpoint(max_wait_secs)
-        writer = sv._make_writer()
+        writer, events_path = sv._make_writer()
         sv._writer = writer
         step = GlobalStep(sv.global_step, sv._owns_global_step)
         checkpointer = sv._checkpointer if sv.checkpointing else None
@@ -87,6 +116,7 @@ class Lifecycle:
 
             checkpointer.on_fatal = fatal
         sess = ManagedSession(sv, self.worker, step, checkpointer, writer, sv._make_loop)
+        sess._events_path = events_path
         sess.restore_report = await self.worker.run(self._restore_or_init, sess)
         report = sess.restore_report
         log.info(
@@ -223,6 +253,8 @@ class Lifecycle:
 
     def _close(self) -> None:
         self.coord._unbind()
+        if self.signals is not None:
+            self.signals.restore()
         sv = self.sv
         if sv._writer is not None:
             if sv._summary_writer_arg == "auto":
@@ -230,14 +262,13 @@ class Lifecycle:
             else:
                 sv._writer.flush()
             sv._writer = None
-        if sv._checkpointer is not None and not sv._checkpointer.wait_for_write(
-            timeout=sv.stop_grace_secs
-        ):
+        write_wait = 0.0 if self.interrupted else sv.stop_grace_secs
+        if sv._checkpointer is not None and not sv._checkpointer.wait_for_write(timeout=write_wait):
             log.error("checkpoint.write_unfinished", grace_secs=sv.stop_grace_secs)
         if self.lock is not None:
             self.lock.release()
         self.worker.stop()
-        if self.stuck is None:
+        if self.stuck is None and not self.interrupted:
             self.worker.join(timeout=self.sv.stop_grace_secs or None)
         log.info(
             "session.stopped",
@@ -248,6 +279,8 @@ class Lifecycle:
         )
 
     def _raise_outcome(self) -> None:
+        if self.interrupted:
+            raise KeyboardInterrupt("a second SIGINT: stopped at once, without a final checkpoint")
         if self.cancelled is not None:
             raise self.cancelled
         error: Any = self.coord.error

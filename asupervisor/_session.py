@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
@@ -13,7 +14,7 @@ from ._coordinator import Coordinator
 from ._hooks import Hook, RunContext
 from ._log import log
 from ._services import Registration, Service, register, supervise
-from ._summaries import write_values
+from ._summaries import create_events_file, write_values
 from ._worker import Job, TrainingThread
 
 if TYPE_CHECKING:
@@ -75,6 +76,7 @@ class ManagedSession:
         self.restore_report = RestoreReport("fresh", None, 0)
         self._last_result: Any = None
         self._recoveries = 0  # recoveries in a row, for max_recoveries
+        self._events_path: str | None = None  # the events file the supervisor made
 
     # -- steps --------------------------------------------------------------
 
@@ -206,6 +208,24 @@ class ManagedSession:
             log.warning("summary.disabled", tags=sorted(values))
             return
         write_values(self._writer, values, self.global_step if step is None else step)
+
+    def _events_file_lost(self) -> bool:
+        """Whether the events file this session writes was deleted under it."""
+        return self._events_path is not None and not os.path.exists(self._events_path)
+
+    def _renew_events_file(self) -> None:
+        """On the training thread: a new events file in place of a deleted one.
+
+        TF would go on writing into the deleted file's inode, and every summary
+        would be lost without a word.
+        """
+        lost = self._events_path
+        if self._writer is not None:
+            self._writer.close()
+        self._writer, self._events_path = create_events_file(self.supervisor.logdir)  # type: ignore[arg-type]
+        self.supervisor._writer = self._writer
+        self._writer.set_as_default(step=self.supervisor.global_step)
+        log.warning("summary.file_lost", path=lost, new_path=self._events_path)
 
     # -- services -----------------------------------------------------------
 

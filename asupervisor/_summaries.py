@@ -1,7 +1,9 @@
-"""Writing values into a run's events file."""
+"""The run's events file, and writing values into it."""
 
 from __future__ import annotations
 
+import glob
+import os
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -20,3 +22,19 @@ def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], st
                 tf.summary.scalar(tag, tensor)
             else:
                 tf.summary.histogram(tag, tensor)
+
+
+def create_events_file(logdir: str) -> tuple[tf.summary.SummaryWriter, str | None]:
+    """A new writer in ``logdir`` and the events file it writes (``None`` if unknown).
+
+    The file is found by what appeared in the directory: only the chief, which
+    holds the logdir lock, creates events files there.
+    """
+    import tensorflow as tf
+
+    pattern = os.path.join(glob.escape(logdir), "events.out.tfevents.*")
+    before = set(glob.glob(pattern))
+    writer = tf.summary.create_file_writer(logdir)
+    writer.flush()
+    new = set(glob.glob(pattern)) - before
+    return writer, (new.pop() if len(new) == 1 else None)

@@ -18,6 +18,7 @@ from ._hooks import Hook
 from ._lifecycle import Lifecycle
 from ._services import Registration, register
 from ._session import ManagedSession
+from ._summaries import create_events_file
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -123,16 +124,15 @@ class Supervisor:
             async_write=self.async_checkpoint,
         )
 
-    def _make_writer(self) -> tf.summary.SummaryWriter | None:
-        """A new events file for this session, if this process writes summaries."""
+    def _make_writer(self) -> tuple[tf.summary.SummaryWriter | None, str | None]:
+        """A new events file for this session, if this process writes summaries,
+        and its path when the supervisor made it."""
         arg = self._summary_writer_arg
         if arg != "auto":
-            return arg
+            return arg, None
         if self.logdir is None or not self.is_chief:
-            return None
-        import tensorflow as tf
-
-        return tf.summary.create_file_writer(self.logdir)
+            return None, None
+        return create_events_file(self.logdir)
 
     def _standard_services(self, writer: Any) -> list[Registration]:
         from .services import (

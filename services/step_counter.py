@@ -18,7 +18,8 @@ def rate_tag(variable: object, owned: bool) -> str:
 
 
 class StepCounterService:
-    """Every ``interval_secs``, writes steps per second; warns when training stalls.
+    """Every ``interval_secs``, writes steps per second; warns when training stalls;
+    opens a new events file if the session's was deleted under it.
 
     No warning before the session's first step: tracing a ``tf.function`` or
     filling a data pipeline's buffers is slow, but it is not a stall.
@@ -35,6 +36,8 @@ class StepCounterService:
         first_step = sess.restore_report.step  # where the session began, not this service
         last_step, last_time = sess.global_step, anyio.current_time()
         while not await sess.sleep_until_stop(self.interval_secs):
+            if sess._events_file_lost():
+                await sess.call(sess._renew_events_file)
             step, now = sess.global_step, anyio.current_time()
             if step == last_step:
                 if step != first_step:

@@ -1,0 +1,1 @@
+"""Real-process fault tests: a trainer subprocess, kills, signals and a report."""

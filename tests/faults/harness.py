@@ -1,0 +1,159 @@
+"""Drive tests/faults/trainer.py in subprocesses: follow its output, kill it, check the logdir."""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+TRAINER = Path(__file__).with_name("trainer.py")
+ROOT = TRAINER.parents[2]
+
+
+class Trainer:
+    """One trainer process, with its output lines collected as they come."""
+
+    def __init__(self, logdir: str, *args: str) -> None:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(TRAINER), logdir, *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self.restored: int | None = None
+        self.last_step = -1
+        self.last_saved = -1
+        self.stopped: tuple[int, str] | None = None
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+        threading.Thread(target=self._read_errors, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            word, *rest = line.split()
+            with self._changed:
+                self.lines.append(line.rstrip())
+                if word == "restored":
+                    self.restored = int(rest[0])
+                elif word == "step":
+                    self.last_step = int(rest[0])
+                elif word == "saved":
+                    self.last_saved = max(self.last_saved, int(rest[0]))
+                elif word == "stopped":
+                    self.stopped = (int(rest[0]), rest[1])
+                self._changed.notify_all()
+
+    def _read_errors(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            self.errors.append(line)
+
+    def stderr_text(self) -> str:
+        return "".join(self.errors)
+
+    def wait_for(self, condition: Callable[[], bool], timeout: float = 90) -> None:
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while not condition():
+                if self.proc.poll() is not None and not condition():
+                    time.sleep(0.2)  # let the reader catch the last lines
+                    if condition():
+                        return
+                    raise AssertionError(
+                        f"trainer exited ({self.proc.returncode}):\n"
+                        + "\n".join(self.lines[-5:])
+                        + self.stderr_text()[-3000:]
+                    )
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise AssertionError("trainer timed out:\n" + "\n".join(self.lines[-5:]))
+                self._changed.wait(min(left, 0.2))
+
+    def wait_restored(self) -> int:
+        self.wait_for(lambda: self.restored is not None)
+        assert self.restored is not None
+        return self.restored
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(30)
+
+
+def checkpoint_problems(logdir: str) -> tuple[int, list[str]]:
+    """How many checkpoints are on disk, and what is wrong with any of them: each must
+    read back whole and hold one step boundary (a == b == its step)."""
+    import tensorflow as tf
+
+    from asupervisor._checkpoints import verify_checkpoint
+
+    problems, count = [], 0
+    for index in sorted(Path(logdir).glob("model.ckpt-*.index")):
+        count += 1
+        prefix = str(index)[: -len(".index")]
+        step = int(re.search(r"-(\d+)\.index$", index.name)[1])  # type: ignore[index]
+        problem = verify_checkpoint(prefix)
+        if problem:
+            problems.append(f"{index.name}: {problem}")
+            continue
+        reader = tf.train.load_checkpoint(prefix)
+        values = {
+            k.split("/")[1]: float(reader.get_tensor(k))
+            for k in reader.get_variable_to_shape_map()
+            if k.startswith("pair/") and k.split("/")[1] in ("a", "b")
+        }
+        if not values["a"] == values["b"] == step:
+            problems.append(f"{index.name}: a={values['a']} b={values['b']}, not step {step}")
+    return count, problems
+
+
+@dataclass
+class KillReport:
+    trials: int = 0
+    resumed: int = 0
+    went_back: int = 0  # runs that restored a step below the previous run's restore
+    lost_steps: list[int] = field(default_factory=list)
+    checkpoints: int = 0
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def kill_trials(logdir: str, trials: int, seed: int, save_steps: int, *extra: str) -> KillReport:
+    """Start, let it train a random while, SIGKILL it; again and again on one logdir."""
+    rng = random.Random(seed)
+    report = KillReport()
+    started = time.monotonic()
+    previous_restore, previous_last_step = 0, None
+    for _ in range(trials):
+        run = Trainer(logdir, "--save-steps", str(save_steps), *extra)
+        restored = run.wait_restored()
+        report.trials += 1
+        report.resumed += restored >= previous_restore
+        report.went_back += restored < previous_restore
+        if previous_last_step is not None:
+            report.lost_steps.append(previous_last_step - restored)
+        run.wait_for(lambda r=run: r.last_step >= 0)
+        time.sleep(rng.uniform(0.05, 1.5))
+        run.kill()
+        previous_restore, previous_last_step = restored, max(run.last_step, restored)
+    final = Trainer(logdir, "--max-steps", "0", *extra)  # the same model, to restore
+    restored = final.wait_restored()
+    final.proc.wait(60)
+    report.went_back += restored < previous_restore
+    if previous_last_step is not None:
+        report.lost_steps.append(previous_last_step - restored)
+    report.checkpoints, report.problems = checkpoint_problems(logdir)
+    report.seconds = time.monotonic() - started
+    return report

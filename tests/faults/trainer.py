@@ -1,0 +1,108 @@
+"""A small supervised training run for fault tests: kill it, signal it, break it.
+
+    python tests/faults/trainer.py LOGDIR [--save-steps N] [--async] [--fault NAME]
+
+It prints one line per event, flushed at once, so that a harness can follow it:
+``restored STEP``, ``step STEP`` (after each completed step), ``saved STEP``
+(from an after_save hook: the files are on disk), and ``stopped STEP REASON``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import anyio
+import structlog
+import tensorflow as tf
+
+import asupervisor as asv
+
+FAULTS = ("none", "service", "hook", "hang", "events-deleted")
+
+
+class Pair(tf.Module):
+    """``a`` and ``b`` advance one after the other: a torn checkpoint would show a != b."""
+
+    def __init__(self, megabytes: float) -> None:
+        super().__init__()
+        self.a = tf.Variable(0.0)
+        self.b = tf.Variable(0.0)
+        # Bulk, so that a save takes long enough for kills to land inside it.
+        self.bulk = tf.Variable(tf.zeros([max(1, int(megabytes * 262144))]))
+
+    def step(self, pause: float) -> None:
+        self.a.assign_add(1.0)
+        time.sleep(pause)
+        self.b.assign_add(1.0)
+
+
+class Report(asv.Hook):
+    def after_save(self, session: asv.ManagedSession, step: int, path: str) -> bool:
+        print(f"saved {step}", flush=True)
+        return False
+
+
+class FailingHook(asv.Hook):
+    def before_run(self, ctx: asv.RunContext) -> None:
+        if ctx.step == 12:
+            raise RuntimeError("hook failed at step 12")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("logdir")
+    parser.add_argument("--save-steps", type=int, default=5)
+    parser.add_argument("--async", dest="async_checkpoint", action="store_true")
+    parser.add_argument("--megabytes", type=float, default=4.0)
+    parser.add_argument("--pause", type=float, default=0.01, help="seconds between a and b")
+    parser.add_argument("--max-steps", type=int, default=10**9)
+    parser.add_argument("--fault", choices=FAULTS, default="none")
+    return parser.parse_args()
+
+
+async def main(args: argparse.Namespace) -> None:
+    pair = Pair(args.megabytes)
+    hooks: list[asv.Hook] = [Report()]
+    if args.fault == "hook":
+        hooks.append(FailingHook())
+    sv = asv.Supervisor(
+        args.logdir,
+        checkpoint={"pair": pair},
+        save_model_secs=3600,
+        save_model_steps=args.save_steps,
+        max_to_keep=3,
+        async_checkpoint=args.async_checkpoint,
+        save_summaries_secs=0.2,
+        hooks=hooks,
+        stop_grace_secs=1.0,
+        step_timeout_secs=1.0 if args.fault == "hang" else None,
+    )
+    if args.fault == "service":
+
+        @sv.service
+        async def broken(sess: asv.ManagedSession) -> None:
+            await anyio.sleep(0.3)
+            raise ConnectionError("the metrics endpoint went away")
+
+    async with sv.session() as sess:
+        print(f"restored {sess.restore_report.step}", flush=True)
+        while not sess.should_stop() and sess.global_step < args.max_steps:
+            if args.fault == "hang" and sess.global_step == 10:
+                await sess.run(time.sleep, 30)
+            if args.fault == "events-deleted" and sess.global_step == 10:
+                for name in os.listdir(args.logdir):
+                    if name.startswith("events.out"):
+                        os.remove(os.path.join(args.logdir, name))
+            await sess.run(pair.step, args.pause)
+            print(f"step {sess.global_step}", flush=True)
+    print(f"stopped {sess.global_step} {sess.stop_reason}", flush=True)
+
+
+if __name__ == "__main__":
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    anyio.run(main, parse())
