@@ -24,3 +24,22 @@ def test_repeated_sigkills_never_lose_more_than_a_save_interval(tmp_path: Path, 
     limit = SAVE_STEPS if mode == "sync" else 2 * SAVE_STEPS
     assert max(report.lost_steps) <= limit, report.lost_steps
     assert not list((tmp_path / "run").glob("*_temp")), "unfinished saves were left behind"
+
+
+@pytest.mark.slow
+def test_the_fault_report_prints_its_table() -> None:
+    import subprocess
+    import sys
+
+    script = Path(__file__).parent / "faults" / "run_report.py"
+    done = subprocess.run(
+        [sys.executable, str(script), "--only", "SIGTERM"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr
+    (row,) = [line for line in done.stdout.splitlines() if line.startswith("| SIGTERM")]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[1:5] == ["1", "1", "0", "0"]  # trials, resumed, lost steps, corrupt
+    assert cells[5].startswith("exit 0")

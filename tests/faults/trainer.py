@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import argparse
 import os
+import resource
+import signal
 import sys
 import time
 
@@ -22,7 +24,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 
-FAULTS = ("none", "service", "hook", "hang", "events-deleted")
+FAULTS = ("none", "service", "hook", "hang", "events-deleted", "full-disk")
 
 
 class Pair(tf.Module):
@@ -94,6 +96,10 @@ async def main(args: argparse.Namespace) -> None:
         while not sess.should_stop() and sess.global_step < args.max_steps:
             if args.fault == "hang" and sess.global_step == 10:
                 await sess.run(time.sleep, 30)
+            if args.fault == "full-disk" and sess.global_step == 12:
+                # Writes past 64 KiB now fail (EFBIG), as writes to a full disk fail.
+                signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+                resource.setrlimit(resource.RLIMIT_FSIZE, (64 * 1024, 64 * 1024))
             if args.fault == "events-deleted" and sess.global_step == 10:
                 for name in os.listdir(args.logdir):
                     if name.startswith("events.out"):
