@@ -185,7 +185,7 @@ def main() -> None:
         row = scenario(name, body)
         print(
             f"| {row.scenario:<28} | {row.trials:>6} | {row.resumed:>7} | {row.lost:>16} | "
-            f"{row.corrupt:>13} | {row.outcome:<38} | {row.seconds:>7.1f} |",
+            f"{row.corrupt:>13} | {row.outcome:<44} | {row.seconds:>7.1f} |",
             flush=True,
         )
 
