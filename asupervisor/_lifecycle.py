@@ -216,8 +216,7 @@ class Lifecycle:
         """A body still waiting for a step a grace period after the stop gives up on it."""
         await self.coord.wait_for_stop()
         await anyio.sleep(self._grace_left())
-        current = self.worker.current
-        if current is not None and current.fn == sess._run_step and not body.cancel_called:
+        if sess._step_running_since() is not None and not body.cancel_called:
             self._report_stuck(sess)
             body.cancel()
 

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Mapping, Sequence
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
@@ -15,6 +16,7 @@ from ._hooks import Hook, RunContext
 from ._log import log
 from ._services import Registration, Service, register, supervise
 from ._summaries import create_events_file, write_values
+from ._validate import optional_positive_int
 from ._worker import Job, TrainingThread
 
 if TYPE_CHECKING:
@@ -25,28 +27,54 @@ if TYPE_CHECKING:
 
 
 class GlobalStep:
-    """The global step variable, mirrored in a Python int so reading it costs nothing."""
+    """The global step variable, and a Python mirror of it that costs nothing to read.
+
+    Ours is advanced by one raw op per step: 13 us, where ``tf.Variable.assign_add``
+    costs 34 us (measured here, TF 2.21). The user's is advanced by the user's
+    step, and read back (18 us) only when something asks for the value: hooks,
+    step-based saves, ``sess.global_step``; a bare loop of steps never pays for it.
+    """
 
     def __init__(self, variable: Any, owned: bool) -> None:
         import tensorflow as tf
+        from tensorflow.python.ops import gen_resource_variable_ops as raw
 
         self.variable = variable
         self.owned = owned
-        # assign_add of a ready-made constant without reading back: 31 us, not 82 us.
-        self._one = tf.constant(1, dtype=variable.dtype)
-        self.value = 0
+        # A Keras 3 variable wraps a tf.Variable in `.value`; a tf.Variable is its own.
+        inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+        handle = getattr(inner, "handle", None) if isinstance(inner, tf.Variable) else None
+        one = tf.constant(1, dtype=variable.dtype)
+        self._read: Callable[[], int]
+        self._add_one: Callable[[], object]
+        if handle is not None:
+            dtype = tf.as_dtype(variable.dtype)
+            self._read = lambda: int(raw.read_variable_op(handle, dtype))
+            self._add_one = lambda: raw.assign_add_variable_op(handle, one)
+        else:  # e.g. a distributed variable: the public, slower way
+            self._read = lambda: int(variable.numpy())
+            self._add_one = lambda: variable.assign_add(one, read_value=False)
+        self._value = 0
+        self._stale = False
+
+    @property
+    def value(self) -> int:
+        if self._stale:
+            self.reload()
+        return self._value
 
     def reload(self) -> int:
-        self.value = int(self.variable.numpy())
-        return self.value
+        self._value = self._read()
+        self._stale = False
+        return self._value
 
     def advance(self) -> None:
         """After a successful step (training thread): ours by one; the user's as it is."""
         if self.owned:
-            self.variable.assign_add(self._one, read_value=False)
-            self.value += 1
+            self._add_one()
+            self._value += 1
         else:
-            self.reload()
+            self._stale = True
 
 
 class ManagedSession:
@@ -77,6 +105,8 @@ class ManagedSession:
         self._last_result: Any = None
         self._recoveries = 0  # recoveries in a row, for max_recoveries
         self._events_path: str | None = None  # the events file the supervisor made
+        self._step_fn: Any = None
+        self._step_started: float | None = None  # time.monotonic() while a step runs
 
     # -- steps --------------------------------------------------------------
 
@@ -95,15 +125,11 @@ class ManagedSession:
         ctx = RunContext(self._step_var.value, args, kwargs, self) if hooks else None
         for hook in hooks:
             hook.before_run(ctx)  # type: ignore[arg-type]
-        while True:
-            try:
-                result = fn(*args, **kwargs)
-                break
-            except self._coord.clean_stop_exception_types as exc:
-                self._coord.request_stop(exc)  # end of data: a clean stop, re-raised
-                raise
-            except self.supervisor.recoverable_errors as exc:
-                self._recover(exc)  # raises when it cannot
+        self._step_fn, self._step_started = fn, time.monotonic()  # for the watchdogs
+        try:
+            result = self._call_step(fn, args, kwargs)
+        finally:
+            self._step_started = None
         self._recoveries = 0
         self._step_var.advance()
         self._last_result = result  # for progress displays; one assignment, no copy
@@ -114,6 +140,61 @@ class ManagedSession:
         if self._checkpointer is not None and self._checkpointer.completed:
             self._after_background_saves()
         return result
+
+    def _call_step(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The step itself, retried after a recoverable error."""
+        while True:
+            try:
+                return fn(*args, **kwargs)
+            except self._coord.clean_stop_exception_types as exc:
+                self._coord.request_stop(exc)  # end of data: a clean stop, re-raised
+                raise
+            except self.supervisor.recoverable_errors as exc:
+                self._recover(exc)  # raises when it cannot
+
+    async def train(
+        self, step_fn: Callable[..., Any], data: Iterable[Any], *, max_steps: int | None = None
+    ) -> int:
+        """The fast path: run ``step_fn`` over ``data`` on the training thread, no hop per step.
+
+        Each element is passed as ``step_fn(*element)`` if it is a tuple, else
+        ``step_fn(element)``; hooks and step counting are as for ``run``. Returns
+        the number of steps run, when ``data`` is exhausted (the session goes on:
+        call it again for the next epoch), when a stop is requested, or after
+        ``max_steps``. A clean-stop error inside a step (``OutOfRangeError``) stops
+        the session with reason ``end_of_data``.
+        """
+        check_max = optional_positive_int("max_steps", max_steps)
+        steps: int = await self._worker.run_job(
+            Job(self._train_loop, (step_fn, data, check_max), label=step_fn)
+        )
+        return steps
+
+    def _train_loop(
+        self, step_fn: Callable[..., Any], data: Iterable[Any], max_steps: int | None
+    ) -> int:
+        """On the training thread: steps back to back; between two, the stop flag is
+        checked and the jobs queued meanwhile (saves, holds, calls) are run."""
+        coord, worker, run_step = self._coord, self._worker, self._run_step
+        iterator = iter(data)
+        done = 0
+        while max_steps is None or done < max_steps:
+            if worker.has_pending():
+                worker.run_pending()
+            if coord.should_stop():
+                break
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                break
+            try:
+                run_step(step_fn, batch if isinstance(batch, tuple) else (batch,), {})
+            except coord.clean_stop_exception_types:
+                break  # the step asked for a clean stop (end of data) already
+            done += 1
+        return done
 
     def _recover(self, exc: BaseException) -> None:
         """After a recoverable error: restore the newest good checkpoint, so that the
@@ -162,10 +243,10 @@ class ManagedSession:
 
     def _step_running_since(self) -> tuple[str, float] | None:
         """The step running now, as (name, monotonic start time), or ``None``."""
-        job = self._worker.current
-        if job is None or job.fn != self._run_step or job.started_at is None:
+        started, fn = self._step_started, self._step_fn
+        if started is None:
             return None
-        return job.name, job.started_at
+        return getattr(fn, "__qualname__", repr(fn)), started
 
     @property
     def global_step(self) -> int:

@@ -143,6 +143,26 @@ class TrainingThread:
             job.execute()
             self.current = None
 
+    def has_pending(self) -> bool:
+        """Whether jobs are queued (asked on the training thread, between two steps)."""
+        return not self._jobs.empty()
+
+    def run_pending(self) -> None:
+        """On the training thread, inside a long job: run the jobs queued meanwhile."""
+        outer = self.current
+        while True:
+            try:
+                job = self._jobs.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:  # the stop sentinel belongs to the main loop
+                self._jobs.put(None)
+                break
+            if not job.skipped:
+                self.current = job
+                job.execute()
+        self.current = outer
+
     def _check_not_on_thread(self) -> None:
         if threading.get_ident() == self._thread.ident:
             raise RuntimeError(
