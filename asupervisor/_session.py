@@ -68,13 +68,40 @@ class GlobalStep:
         self._stale = False
         return self._value
 
-    def advance(self) -> None:
-        """After a successful step (training thread): ours by one; the user's as it is."""
+    def advance(self, in_graph: bool = False) -> None:
+        """After a successful step (training thread): ours by one (unless the step's
+        own graph did it); the user's as it is."""
         if self.owned:
-            self._add_one()
+            if not in_graph:
+                self._add_one()
             self._value += 1
         else:
             self._stale = True
+
+    def fuse(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
+        """For a ``tf.function`` step and our own variable: one ``tf.function`` that
+        runs the step and then the increment, in the same graph call.
+
+        An eager ``assign_add`` after each step costs 60-80 us in a real training
+        loop (a third of a tiny model's step overhead); inside the graph it is free.
+        The increment depends on the step's outputs, so a step that fails does
+        not count.
+        """
+        import tensorflow as tf
+
+        if not self.owned or not isinstance(fn, tf.types.experimental.PolymorphicFunction):
+            return None
+        variable = self.variable
+
+        @tf.function  # type: ignore[untyped-decorator]
+        def step_and_count(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            outputs = [t for t in tf.nest.flatten(result) if tf.is_tensor(t)]
+            with tf.control_dependencies(outputs):
+                variable.assign_add(tf.constant(1, variable.dtype))
+            return result
+
+        return step_and_count  # type: ignore[no-any-return]
 
 
 class ManagedSession:
@@ -106,6 +133,8 @@ class ManagedSession:
         self._recoveries = 0  # recoveries in a row, for max_recoveries
         self._events_path: str | None = None  # the events file the supervisor made
         self._step_fn: Any = None
+        # Each step function: what to call for it, and whether that advances the step.
+        self._fused: dict[Callable[..., Any], tuple[Callable[..., Any], bool]] = {}
         self._step_started: float | None = None  # time.monotonic() while a step runs
 
     # -- steps --------------------------------------------------------------
@@ -125,13 +154,19 @@ class ManagedSession:
         ctx = RunContext(self._step_var.value, args, kwargs, self) if hooks else None
         for hook in hooks:
             hook.before_run(ctx)  # type: ignore[arg-type]
+        # Keyed by equality: a bound method is a new object at every attribute access.
+        prepared = self._fused.get(fn)
+        if prepared is None:
+            fused = self._step_var.fuse(fn)
+            prepared = self._fused[fn] = (fused or fn, fused is not None)
+        call, counted_in_graph = prepared
         self._step_fn, self._step_started = fn, time.monotonic()  # for the watchdogs
         try:
-            result = self._call_step(fn, args, kwargs)
+            result = self._call_step(call, args, kwargs)
         finally:
             self._step_started = None
         self._recoveries = 0
-        self._step_var.advance()
+        self._step_var.advance(in_graph=counted_in_graph)
         self._last_result = result  # for progress displays; one assignment, no copy
         for hook in hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]

@@ -64,3 +64,38 @@ async def test_a_users_step_variable_is_read_not_advanced(logdir: str) -> None:
         assert sess.global_step == 4
     assert int(opt.iterations.numpy()) == 4
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-4")
+
+
+async def test_a_tf_function_step_sees_and_advances_the_step_as_a_plain_one_does() -> None:
+    sv = asv.Supervisor(None, handle_signals=False, save_summaries_secs=0)
+    counter = tf.Variable(0.0)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        counter.assign_add(1.0)
+        return sv.global_step.read_value()  # the step before this one's increment
+
+    def plain_step() -> int:
+        return int(sv.global_step.numpy())
+
+    async with sv.session() as sess:
+        seen = [int(await sess.run(step)) for _ in range(3)]
+        seen.append(await sess.run(plain_step))
+        await sess.train(step, [(), (), ()])
+        seen.append(int(await sess.run(step)))
+    assert seen == [0, 1, 2, 3, 7]
+    assert sess.global_step == int(sv.global_step.numpy()) == 8
+
+
+async def test_a_failing_tf_function_step_does_not_count() -> None:
+    sv = asv.Supervisor(None, handle_signals=False, save_summaries_secs=0)
+    items = iter(tf.data.Dataset.range(2))
+
+    @tf.function
+    def step() -> tf.Tensor:
+        return items.get_next()
+
+    async with sv.session() as sess:
+        n = await sess.train(step, iter(lambda: (), None))
+    assert n == 2 and sess.stop_reason == "end_of_data"
+    assert sess.global_step == int(sv.global_step.numpy()) == 2

@@ -1,0 +1,139 @@
+"""What a supervised step costs: a plain TensorFlow loop vs sess.run vs sess.train.
+
+    python benchmarks/step_overhead.py               # tiny, medium and large models
+    python benchmarks/step_overhead.py --rounds 9
+
+All three run in the same process, on the same batches, interleaved (the order
+rotates every round) and the table shows medians over rounds of the time per
+step, and each one's ratio to the plain loop. The supervisor runs with its
+defaults: its own global step advanced after every step, the checkpoint,
+summary and step-counter services alive beside the loop.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import tempfile
+import time
+from collections.abc import Awaitable, Callable
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+import anyio  # noqa: E402
+import keras  # noqa: E402
+import structlog  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+import asupervisor as asv  # noqa: E402
+
+# name: (inputs, hidden layers, outputs, batch)
+MODELS = {
+    "tiny 64-32-10, batch 32": (64, [32], 10, 32),
+    "medium 128-512-512-10, batch 64": (128, [512, 512], 10, 64),
+    "large 512-1024-1024-10, batch 256": (512, [1024, 1024], 10, 256),
+}
+
+
+def build(inputs: int, hidden: list[int], outputs: int, batch: int) -> tuple[Any, Any, list[Any]]:
+    layers = [keras.Input((inputs,))] + [keras.layers.Dense(h, activation="relu") for h in hidden]
+    model = keras.Sequential([*layers, keras.layers.Dense(outputs)])
+    opt = keras.optimizers.Adam(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    batches = [
+        (
+            tf.random.normal((batch, inputs), seed=i),
+            tf.random.uniform((batch,), 0, outputs, tf.int64, seed=i),
+        )
+        for i in range(16)
+    ]
+    step(*batches[0])  # trace outside the measurement
+    return (model, opt), step, batches
+
+
+async def per_step(run: Callable[[int], Awaitable[None]], steps: int) -> float:
+    started = time.perf_counter()
+    await run(steps)
+    return (time.perf_counter() - started) / steps
+
+
+async def compare(
+    name: str, shape: tuple[Any, ...], rounds: int, seconds: float, owned: bool
+) -> dict[str, float]:
+    (model, opt), step, batches = build(*shape)
+    # Steps per measurement: about `seconds` of the plain loop.
+    started = time.perf_counter()
+    for x, y in batches * 4:
+        step(x, y)
+    steps = max(50, int(seconds / ((time.perf_counter() - started) / (len(batches) * 4))))
+    data = [batches[i % len(batches)] for i in range(steps)]
+
+    async def plain(n: int) -> None:
+        for x, y in data:
+            step(x, y)
+
+    with tempfile.TemporaryDirectory() as logdir:
+        sv = asv.Supervisor(
+            logdir,
+            checkpoint={"model": model, "opt": opt},
+            global_step=None if owned else opt.iterations,
+            handle_signals=False,
+        )
+        async with sv.session() as sess:
+
+            async def run(n: int) -> None:
+                for x, y in data:
+                    await sess.run(step, x, y)
+
+            async def train(n: int) -> None:
+                await sess.train(step, data)
+
+            methods = {"plain": plain, "run": run, "train": train}
+            times: dict[str, list[float]] = {m: [] for m in methods}
+            order = list(methods)
+            for r in range(rounds):
+                for m in order[r % 3 :] + order[: r % 3]:
+                    times[m].append(await per_step(methods[m], steps))
+    return {m: statistics.median(t) for m, t in times.items()}
+
+
+async def main(rounds: int, seconds: float) -> None:
+    print(
+        f"TensorFlow {tf.__version__}, {os.cpu_count()} cores; medians of {rounds} interleaved rounds"
+    )
+    header = (
+        f"| {'model':<36} | {'global step':<18} | {'plain ms':>8} | {'sess.run ms':>11} | "
+        f"{'run/plain':>9} | {'sess.train ms':>13} | {'train/plain':>11} |"
+    )
+    print(header)
+    print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
+    rows = [(name, shape, True) for name, shape in MODELS.items()]
+    rows.append((next(iter(MODELS)), MODELS[next(iter(MODELS))], False))
+    for name, shape, owned in rows:
+        t = await compare(name, shape, rounds, seconds, owned)
+        kind = "supervisor's own" if owned else "optimizer.iterations"
+        print(
+            f"| {name:<36} | {kind:<18} | {t['plain'] * 1e3:>8.3f} | {t['run'] * 1e3:>11.3f} | "
+            f"{t['run'] / t['plain']:>8.3f}x | {t['train'] * 1e3:>13.3f} | {t['train'] / t['plain']:>10.3f}x |",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--seconds", type=float, default=1.0, help="length of one measurement")
+    args = parser.parse_args()
+    structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
+    anyio.run(main, args.rounds, args.seconds)
