@@ -22,12 +22,12 @@ from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-import anyio  # noqa: E402
-import keras  # noqa: E402
-import structlog  # noqa: E402
-import tensorflow as tf  # noqa: E402
+import anyio
+import keras
+import structlog
+import tensorflow as tf
 
-import asupervisor as asv  # noqa: E402
+import asupervisor as asv
 
 # name: (inputs, hidden layers, outputs, batch)
 MODELS = {
@@ -110,10 +110,11 @@ async def compare(
 
 async def main(rounds: int, seconds: float) -> None:
     print(
-        f"TensorFlow {tf.__version__}, {os.cpu_count()} cores; medians of {rounds} interleaved rounds"
+        f"TensorFlow {tf.__version__}, {os.cpu_count()} cores; "
+        f"medians of {rounds} interleaved rounds"
     )
     header = (
-        f"| {'model':<36} | {'global step':<18} | {'plain ms':>8} | {'sess.run ms':>11} | "
+        f"| {'model':<36} | {'global step':<20} | {'plain ms':>8} | {'sess.run ms':>11} | "
         f"{'run/plain':>9} | {'sess.train ms':>13} | {'train/plain':>11} |"
     )
     print(header)
@@ -124,8 +125,9 @@ async def main(rounds: int, seconds: float) -> None:
         t = await compare(name, shape, rounds, seconds, owned)
         kind = "supervisor's own" if owned else "optimizer.iterations"
         print(
-            f"| {name:<36} | {kind:<18} | {t['plain'] * 1e3:>8.3f} | {t['run'] * 1e3:>11.3f} | "
-            f"{t['run'] / t['plain']:>8.3f}x | {t['train'] * 1e3:>13.3f} | {t['train'] / t['plain']:>10.3f}x |",
+            f"| {name:<36} | {kind:<20} | {t['plain'] * 1e3:>8.3f} | {t['run'] * 1e3:>11.3f} | "
+            f"{t['run'] / t['plain']:>8.3f}x | {t['train'] * 1e3:>13.3f} | "
+            f"{t['train'] / t['plain']:>10.3f}x |",
             flush=True,
         )
 
