@@ -216,6 +216,7 @@ class Checkpointer:
 
     def _write(self, snapshot: Any, prefix: str, step: int, started: float, held: float) -> None:
         """Writer thread: files, fsync, then the state file; failures are reported."""
+        lower_priority()
         try:
             _async_save.write_snapshot(snapshot, prefix)
             self._sync_new(prefix)
@@ -262,6 +263,16 @@ def verify_checkpoint(prefix: str) -> str | None:
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"{type(exc).__name__}: {first_line}"[:300]
     return None
+
+
+def lower_priority() -> None:
+    """Give way to training: the calling thread (only) gets the lowest CPU priority.
+
+    Eager ``SaveV2`` does its work (copying, checksums) on the calling thread, so
+    on a machine whose cores all train, the write takes only what training leaves.
+    """
+    with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
 
 
 def remove_unfinished(directory: str, basename: str) -> list[str]:
