@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint clean
+.PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -21,6 +21,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+bench: $(STAMP)
+	$(PY) benchmarks/step_overhead.py
+	$(PY) benchmarks/checkpoint_stall.py
+	$(PY) benchmarks/lifecycle_latency.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asupervisor services tests examples benchmarks
