@@ -99,14 +99,15 @@ async def test_after_save_runs_on_the_training_thread_once_the_files_are_on_disk
     assert all(on_disk for _, on_disk in seen)
 
 
-@pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
-async def test_failed_writes_are_counted_and_the_third_stops_training(
-    logdir: str, pair: Pair, async_checkpoint: bool, events: list[dict[str, Any]]
-) -> None:
+def saving_every_two_steps_except(
+    logdir: str, pair: Pair, failing: tuple[int, ...], async_checkpoint: bool
+) -> asv.Supervisor:
+    """A supervisor saving every 2 steps, whose saves at the ``failing`` steps fail for
+    real: a file stands where TF must create the save's temp directory."""
     os.makedirs(logdir)
-    for step in (4, 6, 8):  # a file where TF must create its temp directory: the write fails
+    for step in failing:
         Path(logdir, f"model.ckpt-{step}_temp").write_text("in the way")
-    sv = asv.Supervisor(
+    return asv.Supervisor(
         logdir,
         checkpoint={"p": pair},
         save_model_secs=0,
@@ -116,6 +117,13 @@ async def test_failed_writes_are_counted_and_the_third_stops_training(
         save_summaries_secs=0,
         handle_signals=False,
     )
+
+
+@pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
+async def test_failed_writes_are_counted_and_the_third_stops_training(
+    logdir: str, pair: Pair, async_checkpoint: bool, events: list[dict[str, Any]]
+) -> None:
+    sv = saving_every_two_steps_except(logdir, pair, (4, 6, 8), async_checkpoint)
     with pytest.raises(asv.CheckpointSaveError, match="3 checkpoint saves in a row") as raised:
         async with sv.session() as sess:
             for _ in range(30):
@@ -130,18 +138,7 @@ async def test_failed_writes_are_counted_and_the_third_stops_training(
 
 
 async def test_one_failed_write_is_retried_at_the_next_trigger(logdir: str, pair: Pair) -> None:
-    os.makedirs(logdir)
-    Path(logdir, "model.ckpt-4_temp").write_text("in the way")
-    sv = asv.Supervisor(
-        logdir,
-        checkpoint={"p": pair},
-        save_model_secs=0,
-        save_model_steps=2,
-        max_to_keep=None,
-        async_checkpoint=True,
-        save_summaries_secs=0,
-        handle_signals=False,
-    )
+    sv = saving_every_two_steps_except(logdir, pair, (4,), async_checkpoint=True)
     async with sv.session() as sess:
         for _ in range(8):
             await sess.run(pair.step)

@@ -17,9 +17,7 @@ from asupervisor._checkpoints import verify_checkpoint
 from tests.conftest import Pair, named
 from tests.faults.harness import Trainer
 
-pytestmark = pytest.mark.asyncio
-
-
+@pytest.mark.asyncio
 async def test_sigterm_in_process_stops_gracefully_and_restores_the_users_handler(
     logdir: str, pair: Pair, events: list[dict[str, Any]]
 ) -> None:
@@ -53,6 +51,7 @@ async def test_sigterm_in_process_stops_gracefully_and_restores_the_users_handle
         signal.signal(signal.SIGTERM, previous)
 
 
+@pytest.mark.asyncio
 async def test_handle_signals_false_leaves_handlers_alone(pair: Pair) -> None:
     before = signal.getsignal(signal.SIGINT)
     sv = asv.Supervisor(None, checkpoint={"p": pair}, handle_signals=False)
