@@ -17,6 +17,7 @@ from asupervisor._checkpoints import verify_checkpoint
 from tests.conftest import Pair, named
 from tests.faults.harness import Trainer
 
+
 @pytest.mark.asyncio
 async def test_sigterm_in_process_stops_gracefully_and_restores_the_users_handler(
     logdir: str, pair: Pair, events: list[dict[str, Any]]
