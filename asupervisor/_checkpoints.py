@@ -137,7 +137,7 @@ class Checkpointer:
         """Save at ``step``; ``None`` if a checkpoint for it exists or the save failed.
 
         A failed save is logged and leaves every earlier checkpoint as it was; the
-        third failure in a row is raised.
+        third failure in a row raises ``CheckpointSaveError``.
         """
         if step == self.last_saved_step:
             return None

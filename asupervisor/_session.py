@@ -17,7 +17,7 @@ from ._log import log
 from ._services import Registration, Service, register, supervise
 from ._summaries import create_events_file, write_values
 from ._validate import optional_positive_int
-from ._worker import Job, TrainingThread
+from ._worker import Job, TrainingThread, describe
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -281,7 +281,7 @@ class ManagedSession:
         started, fn = self._step_started, self._step_fn
         if started is None:
             return None
-        return getattr(fn, "__qualname__", repr(fn)), started
+        return describe(fn), started
 
     @property
     def global_step(self) -> int:

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import queue
 import threading
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import Any
@@ -64,7 +63,6 @@ class Job:
         "notify",
         "result",
         "skipped",
-        "started_at",
     )
 
     def __init__(
@@ -85,14 +83,12 @@ class Job:
         # Set by the waiter when it gives up: a job not yet started is skipped.
         self.skipped = False
         self.notify: Callable[[], None] | None = None
-        self.started_at: float | None = None  # time.monotonic() when it began to run
 
     @property
     def name(self) -> str:
-        return getattr(self.label, "__qualname__", None) or repr(self.label)
+        return describe(self.label)
 
     def execute(self) -> None:
-        self.started_at = time.monotonic()
         try:
             self.result = self.fn(*self.args, **self.kwargs)
         except BaseException as exc:  # handed to the waiter, never lost
@@ -116,10 +112,6 @@ class TrainingThread:
         # A daemon: a step that never returns must not keep the process alive.
         self._thread = threading.Thread(target=self._main, name=name, daemon=True)
         self.current: Job | None = None
-
-    @property
-    def ident(self) -> int | None:
-        return self._thread.ident
 
     def start(self) -> None:
         self._thread.start()
@@ -211,6 +203,11 @@ class TrainingThread:
         finally:
             job.skipped = True
             release.set()
+
+
+def describe(fn: Any) -> str:
+    """A function's name for errors and logs (``Pair.step``), or its repr."""
+    return getattr(fn, "__qualname__", None) or repr(fn)
 
 
 def _nothing() -> None:
