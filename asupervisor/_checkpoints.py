@@ -14,8 +14,10 @@ import glob
 import os
 import re
 import shutil
+import tempfile
 import threading
 import time
+import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -77,6 +79,7 @@ class Checkpointer:
         # How a failure on the writer thread stops training (set by the session).
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.fatal: CheckpointSaveError | None = None
+        self.durable = True  # fsync each save before the state file names it
 
     def candidates(self) -> list[str]:
         """Every checkpoint in the directory, newest step first.
@@ -150,10 +153,12 @@ class Checkpointer:
         # Runs after the files are written and before TF points the state file at
         # them: the data must be on disk first, or a machine crash could leave a
         # state file naming files that never reached the disk.
-        durable = tf.train.CheckpointOptions(experimental_write_callbacks=[self._sync_new])
+        callbacks = [self._sync_new] if self.durable else []
+        options = tf.train.CheckpointOptions(experimental_write_callbacks=callbacks)
         try:
-            path: str = self.manager.save(checkpoint_number=step, options=durable)
-            sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+            path: str = self.manager.save(checkpoint_number=step, options=options)
+            if self.durable:
+                sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
         except Exception as exc:
             fatal = self._failed(step, exc)
             if fatal is not None:
@@ -243,6 +248,40 @@ class Checkpointer:
                 return False
             self._writer = None
         return True
+
+
+class ScratchCheckpointer(Checkpointer):
+    """A non-chief worker's part in the saves of a multi-worker job.
+
+    The strategy's collectives need every worker in every save, but only the
+    chief's files are kept: a non-chief saves into a private temporary directory,
+    never into the logdir, and removes it straight after (TF's own pattern).
+    It restores the checkpoint the chief chose, from the chief's logdir.
+    """
+
+    def __init__(self, checkpoint: tf.train.Checkpoint, worker: str, basename: str) -> None:
+        # Not created here: TF makes it on each save, and it is removed after each.
+        name = f"asupervisor-{worker.replace(':', '')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        scratch = os.path.join(tempfile.gettempdir(), name)
+        super().__init__(
+            checkpoint,
+            scratch,
+            basename=basename,
+            max_to_keep=1,
+            keep_checkpoint_every_n_hours=None,
+        )
+        self.durable = False  # thrown away at once: no fsync
+
+    def save(self, step: int) -> str | None:
+        """Take part in the save at ``step``; nothing is kept, so nothing is returned."""
+        try:
+            super().save(step)
+        finally:
+            shutil.rmtree(self.directory, ignore_errors=True)
+        return None
+
+    def candidates(self) -> list[str]:
+        return []  # a non-chief never picks a checkpoint: the chief does
 
 
 def verify_checkpoint(prefix: str) -> str | None:

@@ -17,11 +17,12 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from ._checkpoints import LogdirLock, RestoreReport, remove_unfinished
+from ._cluster import Agreement
 from ._errors import GracePeriodExpired, StepTimeout, WaitTimeout
 from ._log import log
 from ._session import GlobalStep, ManagedSession
 from ._signals import SignalHandlers
-from ._worker import TrainingThread, loop_caller
+from ._worker import Job, TrainingThread, loop_caller
 
 if TYPE_CHECKING:
     from anyio.abc import TaskGroup
@@ -43,6 +44,8 @@ class Lifecycle:
         self.signals: SignalHandlers | None = None
         self.interrupted = False  # a second SIGINT: stop at once
         self.scopes: list[anyio.CancelScope] = []  # what a hard stop cancels
+        self.agreement: Agreement | None = None  # in a multi-worker job
+        self.sess: ManagedSession | None = None
 
     @asynccontextmanager
     async def running(
@@ -78,9 +81,29 @@ class Lifecycle:
     # -- signals --------------------------------------------------------------
 
     def _on_signal(self, name: str) -> None:
-        """On the loop: SIGTERM or a first SIGINT asks for a graceful stop."""
+        """On the loop: SIGTERM or a first SIGINT asks for a graceful stop.
+
+        In a multi-worker job this worker cannot stop alone (the others would wait
+        for it in the next collective): the stop is proposed to every worker.
+        """
         log.warning("signal.received", signal=name, action="graceful stop")
-        self.coord._request(None, "signal")
+        if self.agreement is not None:
+            self.worker.submit(Job(self._propose_stop, ("signal",)))
+        else:
+            self.coord._request(None, "signal")
+
+    def _propose_stop(self, reason: str) -> None:
+        """On the training thread, at a step boundary: every worker stops after the next step."""
+        sess, agreement = self.sess, self.agreement
+        if self.coord.should_stop() or agreement is None:
+            return
+        if sess is None:  # not started: no step has run anywhere yet
+            self.coord._request(None, reason)
+            return
+        try:
+            agreement.propose("stop", reason, sess._step_var.value)
+        except Exception as exc:
+            self.coord.request_stop(exc)
 
     def _on_interrupt(self, name: str) -> None:
         """On the loop: a second SIGINT stops at once; no final save, nothing awaited."""
@@ -103,6 +126,9 @@ class Lifecycle:
             if leftovers:
                 log.info("checkpoint.unfinished_removed", paths=leftovers)
         sv._checkpointer = sv._new_checkpointer()  # reads the state file as it is now
+        if sv.role is not None:
+            self.agreement = Agreement(sv.role, self._on_cluster_lost)
+            self.agreement.start()
         if wait_for_checkpoint and not sv.is_chief:
             await self._wait_for_checkpoint(max_wait_secs)
         writer, events_path = sv._make_writer()
@@ -117,7 +143,10 @@ class Lifecycle:
             checkpointer.on_fatal = fatal
         sess = ManagedSession(sv, self.worker, step, checkpointer, writer, sv._make_loop)
         sess._events_path = events_path
-        sess.restore_report = await self.worker.run(self._restore_or_init, sess)
+        sess._agreement = self.agreement
+        sess._propose_stop = self._propose_stop
+        self.sess = sess
+        sess.restore_report = await self.worker.run(self._restore_or_init, sess, max_wait_secs)
         report = sess.restore_report
         log.info(
             "session.started",
@@ -125,6 +154,7 @@ class Lifecycle:
             restored_from=report.path,
             source=report.source,
             is_chief=sv.is_chief,
+            worker=None if sv.role is None else sv.role.name,
             seconds=round(time.perf_counter() - started, 4),
         )
         return sess
@@ -143,7 +173,27 @@ class Lifecycle:
             )
             await anyio.sleep(min(self.sv.recovery_wait_secs, remaining))
 
-    def _restore_or_init(self, sess: ManagedSession) -> RestoreReport:
+    def _on_cluster_lost(self, error: BaseException) -> None:
+        """The job's coordination service failed: a worker, or the chief, is gone."""
+        self.coord._request(error, "requested", failure=True)
+
+    def _choose_checkpoint(self, max_wait_secs: float) -> tuple[str | None, list[tuple[str, str]]]:
+        """Training thread: restore the newest good checkpoint; in a multi-worker job the
+        chief chooses it and every other worker restores the same one."""
+        checkpointer, agreement = self.sv._checkpointer, self.agreement
+        if checkpointer is None:
+            return None, []
+        if agreement is None or agreement.role.is_chief:
+            path, skipped = checkpointer.restore_newest()
+            if agreement is not None:
+                agreement.publish("restore", path or "")
+            return path, skipped
+        chosen = agreement.read("restore", max_wait_secs) or None
+        if chosen is not None:
+            checkpointer.restore(chosen)
+        return chosen, []
+
+    def _restore_or_init(self, sess: ManagedSession, max_wait_secs: float) -> RestoreReport:
         """On the training thread: restore the newest checkpoint, or initialize."""
         sv, step = self.sv, sess._step_var
         if sess._writer is not None:
@@ -151,11 +201,8 @@ class Lifecycle:
             sess._writer.set_as_default(step=sv.global_step)
         for hook in sv.hooks:
             hook.begin(sv)
-        path: str | None = None
-        skipped: list[tuple[str, str]] = []
         started = time.perf_counter()
-        if sv._checkpointer is not None:
-            path, skipped = sv._checkpointer.restore_newest()
+        path, skipped = self._choose_checkpoint(max_wait_secs)
         step.reload()
         if path is not None:
             sv._checkpointer.last_saved_step = step.value  # type: ignore[union-attr]
@@ -169,7 +216,8 @@ class Lifecycle:
             report = RestoreReport("checkpoint", path, step.value, tuple(skipped))
         else:
             source = "fresh"
-            if sv.init_fn is not None and sv.is_chief:
+            # Every worker of a multi-worker job holds its own copy of the variables.
+            if sv.init_fn is not None and (sv.is_chief or sv.role is not None):
                 sv.init_fn()
                 source = "init_fn"
             report = RestoreReport(source, None, step.value, tuple(skipped))  # type: ignore[arg-type]
@@ -252,6 +300,8 @@ class Lifecycle:
 
     def _close(self) -> None:
         self.coord._unbind()
+        if self.agreement is not None:
+            self.agreement.close()
         if self.signals is not None:
             self.signals.restore()
         sv = self.sv

@@ -23,6 +23,7 @@ if TYPE_CHECKING:
     import tensorflow as tf
     from anyio.abc import TaskGroup
 
+    from ._cluster import Agreement, Decision
     from ._supervisor import Supervisor
 
 
@@ -136,6 +137,10 @@ class ManagedSession:
         # Each step function: what to call for it, and whether that advances the step.
         self._fused: dict[Callable[..., Any], tuple[Callable[..., Any], bool]] = {}
         self._step_started: float | None = None  # time.monotonic() while a step runs
+        # In a multi-worker job: the decisions every worker takes together, and how
+        # this worker proposes a stop to all (set by the session's lifecycle).
+        self._agreement: Agreement | None = None
+        self._propose_stop: Callable[[str], None] | None = None
 
     # -- steps --------------------------------------------------------------
 
@@ -174,7 +179,32 @@ class ManagedSession:
             self._save_checkpoint()
         if self._checkpointer is not None and self._checkpointer.completed:
             self._after_background_saves()
+        if self._agreement is not None and self._agreement.pending:
+            self._carry_out(self._agreement.due(self._step_var.value))
         return result
+
+    def _carry_out(self, decisions: list[Decision]) -> None:
+        """After the step every worker agreed on: save, or stop (the final save follows)."""
+        for decision in decisions:
+            log.info(
+                "cluster.agreed",
+                step=decision.step,
+                kind=decision.kind,
+                reason=decision.reason,
+                proposed_by=decision.proposer,
+            )
+            if decision.kind == "save":
+                self._save_checkpoint()
+            elif decision.kind == "stop":
+                self._coord._request(None, decision.reason)
+
+    def _timed_save(self) -> None:
+        """Training thread: the checkpoint timer fired. In a multi-worker job only the
+        chief's timer runs, and every worker saves after the next step."""
+        if self._agreement is None:
+            self._save_checkpoint()
+        elif not self._coord.should_stop():
+            self._agreement.propose("save", "timer", self._step_var.value)
 
     def _call_step(
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
@@ -235,6 +265,11 @@ class ManagedSession:
         """After a recoverable error: restore the newest good checkpoint, so that the
         failed step's partial writes are gone, and let the step run again."""
         sv, checkpointer = self.supervisor, self.supervisor._checkpointer
+        if self._agreement is not None:
+            # A collective failed: a worker is gone. Retrying alone cannot help; the
+            # job stops, and its restart resumes from the last checkpoint.
+            log.error("cluster.step_failed", error=f"{type(exc).__name__}: {_cause_line(exc)}")
+            raise exc
         self._recoveries += 1
         if checkpointer is None or self._recoveries > sv.max_recoveries:
             raise exc
@@ -302,8 +337,15 @@ class ManagedSession:
         return self._coord.should_stop()
 
     def request_stop(self, exc: BaseException | None = None) -> None:
-        """Ask for a stop, from any thread; ``exc`` is re-raised at the end unless clean."""
-        self._coord.request_stop(exc)
+        """Ask for a stop, from any thread; ``exc`` is re-raised at the end unless clean.
+
+        In a multi-worker job a stop without an error is proposed to every worker:
+        all stop together after the next step (each must keep stepping until then).
+        """
+        if exc is None and self._propose_stop is not None:
+            self._worker.submit(Job(self._propose_stop, ("requested",)))
+        else:
+            self._coord.request_stop(exc)
 
     def _request_stop(self, reason: str) -> None:
         self._coord._request(None, reason)
@@ -373,3 +415,13 @@ class ManagedSession:
         if self._running_services:
             self._services_done = anyio.Event()
             await self._services_done.wait()
+
+
+def _cause_line(exc: BaseException) -> str:
+    """The line of a collective's error that says what happened (TF's message is
+    mostly a graph traceback): ``Collective ops is aborted by: Socket closed``."""
+    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+    for line in lines:
+        if "aborted by" in line or "Connection reset" in line:
+            return line[:300]
+    return (lines[0] if lines else "")[:300]

@@ -12,7 +12,8 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
-from ._checkpoints import Checkpointer, track_global_step
+from ._checkpoints import Checkpointer, ScratchCheckpointer, track_global_step
+from ._cluster import Role, multi_worker_role
 from ._coordinator import Coordinator
 from ._hooks import Hook
 from ._lifecycle import Lifecycle
@@ -39,7 +40,8 @@ class Supervisor:
         *,
         checkpoint: tf.train.Checkpoint | Mapping[str, Any] | None = None,
         global_step: Any = None,
-        is_chief: bool = True,
+        is_chief: bool | None = True,
+        strategy: tf.distribute.Strategy | None = None,
         init_fn: Callable[[], Any] | None = None,
         save_model_secs: float = 600,
         save_model_steps: int | None = None,
@@ -59,7 +61,8 @@ class Supervisor:
         step_timeout_secs: float | None = None,
     ) -> None:
         self.logdir = _check_logdir(logdir)
-        self.is_chief = check.boolean("is_chief", is_chief)
+        self.strategy, self.role = _find_strategy(strategy)
+        self.is_chief = _check_is_chief(is_chief, self.strategy, self.role)
         self.init_fn = check.optional_callable("init_fn", init_fn)
         self.save_model_secs = check.non_negative("save_model_secs", save_model_secs)
         self.save_model_steps = check.optional_positive_int("save_model_steps", save_model_steps)
@@ -93,9 +96,11 @@ class Supervisor:
 
     @property
     def checkpointing(self) -> bool:
-        """Whether this process writes checkpoints (a chief with somewhere to write)."""
+        """Whether this process saves checkpoints: a chief with somewhere to write,
+        or any worker of a multi-worker job (the non-chiefs into a scratch directory,
+        because the strategy's collectives need every worker in every save)."""
         return (
-            self.is_chief
+            (self.is_chief or self.role is not None)
             and self.logdir is not None
             and (self.save_model_secs > 0 or self.save_model_steps is not None)
         )
@@ -115,6 +120,8 @@ class Supervisor:
     def _new_checkpointer(self) -> Checkpointer | None:
         if self.logdir is None:
             return None
+        if self.role is not None and not self.is_chief:
+            return ScratchCheckpointer(self.checkpoint, self.role.name, self.checkpoint_basename)
         return Checkpointer(
             self.checkpoint,
             self.logdir,
@@ -143,7 +150,8 @@ class Supervisor:
         )
 
         regs = []
-        if self.checkpointing and self.save_model_secs > 0:
+        if self.checkpointing and self.is_chief and self.save_model_secs > 0:
+            # In a multi-worker job only the chief's clock decides; see _cluster.
             regs.append(register(CheckpointService(self.save_model_secs)))
         if writer is not None and self.save_summaries_secs > 0:
             if self.summary_fn is not None:
@@ -244,6 +252,35 @@ def _check_logdir(logdir: Any) -> str | None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"logdir {path!r} exists and is not a directory")
     return path
+
+
+def _find_strategy(strategy: Any) -> tuple[Any, Role | None]:
+    """The strategy given, else the one in scope; and this process's role in its job."""
+    import tensorflow as tf
+
+    if strategy is None and tf.distribute.has_strategy():
+        strategy = tf.distribute.get_strategy()
+    if strategy is not None and not isinstance(strategy, tf.distribute.Strategy):
+        raise ValueError(f"strategy must be a tf.distribute.Strategy or None, not {strategy!r}")
+    return strategy, (multi_worker_role(strategy) if strategy is not None else None)
+
+
+def _check_is_chief(is_chief: Any, strategy: Any, role: Role | None) -> bool:
+    if is_chief is None:
+        if strategy is None:
+            raise ValueError(
+                "is_chief=None takes the role from a MultiWorkerMirroredStrategy (TF_CONFIG), "
+                "but none was given (strategy=) or is in scope; pass True or False"
+            )
+        return role is None or role.is_chief
+    chief = check.boolean("is_chief", is_chief)
+    if role is not None and chief != role.is_chief:
+        raise ValueError(
+            f"is_chief={chief} contradicts TF_CONFIG, which makes this process "
+            f"{role.name}, {'the chief' if role.is_chief else 'not the chief'} of "
+            f"{role.num_workers} workers; pass is_chief=None"
+        )
+    return chief
 
 
 def _check_basename(basename: Any) -> str:

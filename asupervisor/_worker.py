@@ -180,6 +180,10 @@ class TrainingThread:
             raise
         return job.outcome()
 
+    def submit(self, job: Job) -> None:
+        """Queue ``job`` without waiting for it (from the loop, or the training thread)."""
+        self._jobs.put(job)
+
     async def drain(self) -> None:
         """Return once every job queued so far has finished."""
         await self.run(_nothing)

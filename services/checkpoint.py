@@ -20,4 +20,4 @@ class CheckpointService:
 
     async def run(self, sess: ManagedSession) -> None:
         while not await sess.sleep_until_stop(self.interval_secs):
-            await sess.call(sess._save_checkpoint)
+            await sess.call(sess._timed_save)

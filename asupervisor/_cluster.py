@@ -1,0 +1,225 @@
+"""A multi-worker job: who this process is, and how every worker agrees on a step.
+
+The workers of a ``MultiWorkerMirroredStrategy`` job run their steps in lockstep:
+each step all-reduces the gradients, so no worker finishes step ``s + 1`` before
+every worker has started it. That is what makes agreement cheap, as in TF's
+``PreemptionCheckpointHandler``:
+
+1. A worker that wants something done by everyone (a save when the chief's timer
+   fires, a stop when a worker gets SIGTERM) proposes it, on its training thread
+   at a step boundary, for the step after its current one: ``c + 1``.
+2. The proposal goes into the job's coordination service (TF's key-value store,
+   which MWMS starts on the chief) as the next free *decision slot*. Inserting a
+   key fails if it exists, so two proposals never take the same slot.
+3. Each worker's watcher thread reads the slots in order, records the decision
+   and acknowledges it. The proposer waits for every acknowledgement before it
+   runs step ``c + 1``, so every worker knows the decision before any worker can
+   finish that step; each acts on it right after the step.
+
+No collective runs per step for this: a boundary costs one attribute check until
+a decision arrives.
+"""
+
+from __future__ import annotations
+
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ._log import log
+
+POLL_MS = 500  # how long one blocking read of the store waits before checking for close
+ACK_TIMEOUT_SECS = 60.0  # a worker that does not acknowledge in this time is taken as lost
+_sessions = itertools.count()  # key namespace: one per session in this process
+
+
+@dataclass(frozen=True)
+class Decision:
+    """What every worker does after ``step``: ``kind`` is ``"save"`` or ``"stop"``."""
+
+    step: int
+    kind: str
+    reason: str
+    proposer: int
+
+    def encode(self) -> str:
+        return f"{self.step}:{self.kind}:{self.reason}:{self.proposer}"
+
+    @classmethod
+    def decode(cls, text: str) -> Decision:
+        step, kind, reason, proposer = text.split(":")
+        return cls(int(step), kind, reason, int(proposer))
+
+
+@dataclass(frozen=True)
+class Role:
+    """This process's place in a multi-worker job, from the strategy's cluster resolver."""
+
+    task_type: str
+    task_id: int
+    rank: int  # 0 for the chief, then the workers in order
+    num_workers: int
+
+    @property
+    def is_chief(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def name(self) -> str:
+        return f"{self.task_type}:{self.task_id}"
+
+
+def multi_worker_role(strategy: Any) -> Role | None:
+    """The role of this process if ``strategy`` spans more than one worker, else ``None``.
+
+    Raises ``ValueError`` for strategies whose shape does not fit (see the docs).
+    """
+    import tensorflow as tf
+    from tensorflow.python.distribute import multi_worker_util
+
+    if isinstance(strategy, tf.distribute.experimental.ParameterServerStrategy):
+        raise ValueError(
+            "strategy: ParameterServerStrategy is not supported: its steps are closures "
+            "the coordinator schedules onto workers asynchronously, so no process has a "
+            "step boundary where the whole state is consistent to checkpoint; use "
+            "MultiWorkerMirroredStrategy"
+        )
+    resolver = getattr(strategy, "cluster_resolver", None)
+    if resolver is None or not isinstance(strategy, tf.distribute.MultiWorkerMirroredStrategy):
+        return None
+    spec = resolver.cluster_spec()
+    if not spec.jobs:
+        return None  # MWMS without TF_CONFIG: one local worker
+    task_type, task_id = resolver.task_type, int(resolver.task_id)
+    count = multi_worker_util.worker_count(spec, task_type)
+    if count < 2:
+        return None
+    rank = multi_worker_util.id_in_cluster(spec, task_type, task_id)
+    return Role(task_type, task_id, rank, count)
+
+
+class Agreement:
+    """Decisions taken together by every worker of one job, for one session."""
+
+    def __init__(self, role: Role, on_lost: Callable[[BaseException], None]) -> None:
+        from tensorflow.python.eager import context
+
+        self.role = role
+        self._store = context.context()
+        self._prefix = f"asupervisor/{next(_sessions)}"
+        self._on_lost = on_lost  # the store failed: a worker (or the chief) is gone
+        self._lock = threading.Lock()
+        self._decisions: dict[int, list[Decision]] = {}
+        self.pending = False  # read at every step boundary: keep it a plain attribute
+        self._slot = 0  # the next slot the watcher reads
+        self._closed = threading.Event()
+        self._watcher = threading.Thread(
+            target=self._watch, name="asupervisor-cluster-watcher", daemon=True
+        )
+
+    def _key(self, *parts: object) -> str:
+        return "/".join([self._prefix, *map(str, parts)])
+
+    def start(self) -> None:
+        self._watcher.start()
+
+    def close(self) -> None:
+        self._closed.set()
+        self._watcher.join(timeout=POLL_MS / 1000 * 4)
+
+    # -- one value everyone reads (the chief's restore choice) ------------------
+
+    def publish(self, name: str, value: str) -> None:
+        self._store.set_config_key_value(self._key(name), value)
+
+    def read(self, name: str, timeout_secs: float) -> str:
+        """Wait for the value the chief published under ``name``."""
+        return self._get(self._key(name), timeout_secs, f"the chief's {name!r}")
+
+    # -- decisions ---------------------------------------------------------------
+
+    def propose(self, kind: str, reason: str, current_step: int) -> Decision:
+        """Training thread, at a step boundary: everyone does ``kind`` after the next step."""
+        import tensorflow as tf
+
+        decision = Decision(current_step + 1, kind, reason, self.role.rank)
+        slot = self._slot
+        while True:
+            try:
+                self._store.set_config_key_value(self._key("decision", slot), decision.encode())
+                break
+            except tf.errors.AlreadyExistsError:
+                slot += 1  # taken by another worker's proposal: ours goes after it
+        started = time.monotonic()
+        for rank in range(self.role.num_workers):
+            self._get(self._key("decision", slot, "ack", rank), ACK_TIMEOUT_SECS, f"worker {rank}")
+        log.info(
+            "cluster.proposed",
+            step=decision.step,
+            kind=kind,
+            reason=reason,
+            slot=slot,
+            ack_seconds=round(time.monotonic() - started, 4),
+        )
+        return decision
+
+    def due(self, step: int) -> list[Decision]:
+        """Training thread, after ``step``: the decisions for it (removed from the plan)."""
+        with self._lock:
+            due = self._decisions.pop(step, [])
+            late = [s for s in self._decisions if s < step]
+            for s in late:  # cannot happen while every step is collective; say so if it does
+                log.error("cluster.decision_missed", step=s, now=step)
+                del self._decisions[s]
+            self.pending = bool(self._decisions)
+        return due
+
+    def _get(self, key: str, timeout_secs: float, what: str) -> str:
+        import tensorflow as tf
+
+        deadline = time.monotonic() + timeout_secs
+        while True:
+            try:
+                value: str = self._store.get_config_key_value(key, timeout_in_ms=POLL_MS)
+                return value
+            except tf.errors.DeadlineExceededError:
+                if time.monotonic() > deadline:
+                    raise tf.errors.UnavailableError(
+                        None,
+                        None,
+                        f"{what} did not answer within {timeout_secs} s in the job's "
+                        f"coordination service (key {key}); is every worker alive?",
+                    ) from None
+                if self._closed.is_set():
+                    raise
+
+    def _watch(self) -> None:
+        """Watcher thread: read the decision slots in order, record and acknowledge each."""
+        import tensorflow as tf
+
+        while not self._closed.is_set():
+            slot = self._slot
+            try:
+                text = self._store.get_config_key_value(
+                    self._key("decision", slot), timeout_in_ms=POLL_MS
+                )
+                decision = Decision.decode(text)
+                with self._lock:
+                    self._decisions.setdefault(decision.step, []).append(decision)
+                    self.pending = True
+                self._store.set_config_key_value(
+                    self._key("decision", slot, "ack", self.role.rank), "1"
+                )
+            except tf.errors.DeadlineExceededError:
+                continue
+            except Exception as exc:  # the store is gone: the chief (or the network) is
+                if not self._closed.is_set():
+                    log.error(
+                        "cluster.lost", worker=self.role.name, error=f"{type(exc).__name__}: {exc}"
+                    )
+                    self._on_lost(exc)
+                return
+            self._slot = slot + 1

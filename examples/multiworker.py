@@ -1,0 +1,302 @@
+"""The digits example on several workers: tf.distribute.MultiWorkerMirroredStrategy.
+
+On this machine, two workers on loopback ports (this script starts them):
+
+    python examples/multiworker.py --workers 2 --logdir runs/multiworker
+
+On a real cluster, run it once per host, each with its own TF_CONFIG (the same
+cluster, its own task index) and a logdir every host reads at the same path:
+
+    TF_CONFIG='{"cluster": {"worker": ["host0:12345", "host1:12345"]},
+                "task": {"type": "worker", "index": 0}}' \\
+        python examples/multiworker.py --logdir /shared/runs/multiworker
+
+Worker 0 is the chief: it alone writes checkpoints and TensorBoard events into
+the logdir. SIGTERM to any worker stops every worker at the same step with one
+final checkpoint; a worker that dies ends the others with an error, and running
+the job again resumes from the last checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        description="Train the digits MLP with MultiWorkerMirroredStrategy under asupervisor. "
+        "With --workers N, start N workers on this machine; without it, run one worker "
+        "as TF_CONFIG says. Run it again with the same --logdir and it resumes.",
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="start this many local workers on loopback ports (default: be one worker "
+        "of the job in TF_CONFIG)",
+    )
+    parser.add_argument(
+        "--logdir",
+        default="runs/multiworker",
+        help="checkpoints and TensorBoard events, written by the chief (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--steps", type=int, default=2000, help="steps to train in this run (default: %(default)s)"
+    )
+    parser.add_argument(
+        "--global-batch-size",
+        type=int,
+        default=32,
+        help="examples per step over all workers (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--save-secs",
+        type=float,
+        default=1.0,
+        help="seconds between checkpoints, on the chief's clock (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--summary-secs",
+        type=float,
+        default=0.5,
+        help="seconds between TensorBoard summaries (default: %(default)s)",
+    )
+    args = parser.parse_args(argv)
+    if args.steps <= 0 or args.global_batch_size <= 0:
+        parser.error("--steps and --global-batch-size must be positive")
+    if args.workers is not None and args.workers <= 0:
+        parser.error("--workers must be positive")
+    if args.workers is None and "TF_CONFIG" not in os.environ:
+        parser.error("give --workers N to start local workers, or set TF_CONFIG")
+    return args
+
+
+# -- the launcher: N local workers ---------------------------------------------
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def launch(args: argparse.Namespace) -> int:
+    """Start the workers; forward SIGTERM/SIGINT to all of them; exit with the worst code."""
+    ports = free_ports(args.workers)
+    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    passed = [a for a in sys.argv[1:] if not a.startswith("--workers=")]
+    if "--workers" in passed:
+        i = passed.index("--workers")
+        del passed[i : i + 2]
+    children = []
+    for index in range(args.workers):
+        task = {"type": "worker", "index": index}
+        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+        # A session of its own: a Ctrl-C reaches the launcher only, which stops the
+        # workers with one SIGTERM each (they agree on the step among themselves).
+        children.append(
+            subprocess.Popen(
+                [sys.executable, os.path.abspath(__file__), *passed],
+                env=env,
+                start_new_session=True,
+            )
+        )
+    print(f"started {args.workers} workers on ports {ports}; logdir {args.logdir}", flush=True)
+
+    def forward(signum: int, frame: Any) -> None:
+        for child in children:
+            if child.poll() is None:
+                child.send_signal(signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, forward)
+    signal.signal(signal.SIGINT, forward)
+    codes = [child.wait() for child in children]
+    print(f"workers exited with {codes}", flush=True)
+    return max(codes, key=abs)
+
+
+# -- one worker ------------------------------------------------------------------
+
+
+def import_tensorflow_quietly() -> Any:
+    """Import TensorFlow with its start-up chatter hidden (the demo's choice, not the library's)."""
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+    sys.stderr.flush()
+    saved = os.dup(2)
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 2)
+    try:
+        import tensorflow as tf
+
+        tf.config.list_physical_devices()
+    finally:
+        os.dup2(saved, 2)
+        os.close(devnull)
+        os.close(saved)
+    return tf
+
+
+def configure_logging(worker: str) -> None:
+    """Short lines on stdout, each naming the worker that wrote it."""
+    import structlog
+
+    render = structlog.dev.ConsoleRenderer(colors=False)
+
+    def render_line(logger: Any, name: str, event: Any) -> str:
+        return f"[{worker}] {render(logger, name, event)}"
+
+    structlog.configure(
+        processors=[
+            structlog.processors.add_log_level,
+            structlog.processors.TimeStamper(fmt="%H:%M:%S"),
+            render_line,
+        ],
+        wrapper_class=structlog.make_filtering_bound_logger(20),  # info and above
+    )
+
+
+async def train(args: argparse.Namespace, tf: Any) -> int:
+    import keras
+    from sklearn.datasets import load_digits
+
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    # MWMS must exist before any other TensorFlow work: it starts this worker's server.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+    resolver = strategy.cluster_resolver
+    worker = f"{resolver.task_type or 'worker'}:{resolver.task_id or 0}"
+    configure_logging(worker)
+
+    digits = load_digits()
+    x = (digits.data / 16.0).astype("float32")
+    y = digits.target.astype("int64")
+    x_train, y_train, x_test, y_test = x[:1500], y[:1500], x[1500:], y[1500:]
+    with strategy.scope():
+        model = keras.Sequential(
+            [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
+        )
+        optimizer = keras.optimizers.Adam(1e-3)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    # Plain variables, outside the strategy: reading them needs no collective, so the
+    # chief alone can write summaries.
+    loss_sum = tf.Variable(0.0, trainable=False)
+    loss_count = tf.Variable(0.0, trainable=False)
+
+    @tf.function
+    def train_step(xb: Any, yb: Any) -> dict[str, Any]:
+        def replica_step(xb: Any, yb: Any) -> Any:
+            with tf.GradientTape() as tape:
+                per_example = loss_fn(yb, model(xb, training=True))
+                loss = tf.nn.compute_average_loss(
+                    per_example, global_batch_size=args.global_batch_size
+                )
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        loss = strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+        loss_sum.assign_add(loss)
+        loss_count.assign_add(1.0)
+        return {"loss": loss}
+
+    def summaries() -> dict[str, Any]:
+        mean = loss_sum / tf.maximum(loss_count, 1.0)
+        loss_sum.assign(0.0)
+        loss_count.assign(0.0)
+        return {"loss": mean}
+
+    sv = asv.Supervisor(
+        args.logdir,
+        checkpoint={"model": model, "optimizer": optimizer},
+        strategy=strategy,
+        is_chief=None,  # from TF_CONFIG: worker 0 is the chief
+        save_model_secs=args.save_secs,
+        save_summaries_secs=args.summary_secs,
+        summary_fn=summaries,
+        hooks=[StopAtStepHook(num_steps=args.steps)],
+        stop_grace_secs=30,
+    )
+
+    def accuracy() -> float:
+        logits = model(x_test, training=False)
+        return float(tf.reduce_mean(tf.cast(tf.argmax(logits, 1) == y_test, tf.float32)))
+
+    @sv.service
+    async def report(sess: asv.ManagedSession) -> None:
+        """Progress, once a second: step, loss and this job's speed."""
+        first, started = sess.global_step, time.monotonic()
+        while not await sess.sleep_until_stop(1.0):
+            rate = (sess.global_step - first) / (time.monotonic() - started)
+            print(f"[{worker}] step {sess.global_step:6d}  {rate:7.1f} steps/s", flush=True)
+
+    async with sv.session() as sess:
+        start = sess.restore_report.step
+        source = sess.restore_report.path or sess.restore_report.source
+        print(
+            f"[{worker}] {'chief' if sv.is_chief else 'worker'} of {workers}, "
+            f"starting at step {start} ({source})",
+            flush=True,
+        )
+        # Each worker reads its own shard; the position follows from the restored step,
+        # so the input stream continues where the checkpoint left it.
+        rank = resolver.task_id or 0
+        data = (
+            tf.data.Dataset.from_tensor_slices((x_train, y_train))
+            .shard(workers, rank)
+            .shuffle(1500, seed=0)
+            .repeat()
+            .batch(args.global_batch_size // workers, drop_remainder=True)
+            .skip(start)
+        )
+        began = time.monotonic()
+        await sess.train(train_step, data)
+        seconds = time.monotonic() - began
+    steps = sess.global_step - start
+    print(
+        f"[{worker}] stopped at step {sess.global_step} ({sess.stop_reason}); "
+        f"{steps} steps in {seconds:.1f} s = {steps / max(seconds, 1e-9):.1f} steps/s; "
+        f"test accuracy {accuracy():.3f}",
+        flush=True,
+    )
+    if sv.is_chief:
+        latest = tf.train.latest_checkpoint(args.logdir)
+        print(f"[{worker}] latest checkpoint: {latest}", flush=True)
+    return 0
+
+
+def main() -> int:
+    args = parse_args()
+    if args.workers is not None:
+        return launch(args)
+    tf = import_tensorflow_quietly()
+    import anyio
+
+    try:
+        return anyio.run(train, args, tf)
+    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
+        # Another worker is gone: this one stopped without a final save (that would
+        # need every worker). Start the whole job again and it resumes.
+        print(
+            f"a worker of this job was lost ({type(exc).__name__}); run the job again to "
+            "resume from the last checkpoint",
+            flush=True,
+        )
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
