@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo test lint bench clean
+.PHONY: demo multiworker test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/digits.py --logdir runs/digits
+
+multiworker: $(STAMP)
+	$(PY) examples/multiworker.py --workers 2 --logdir runs/multiworker
 
 test: $(STAMP)
 	$(PY) -m pytest -q

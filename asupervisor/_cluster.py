@@ -114,6 +114,7 @@ class Agreement:
         self._lock = threading.Lock()
         self._decisions: dict[int, list[Decision]] = {}
         self.pending = False  # read at every step boundary: keep it a plain attribute
+        self.stopping = False  # this worker is past its last step: losing the store is no error
         self._slot = 0  # the next slot the watcher reads
         self._closed = threading.Event()
         self._watcher = threading.Thread(
@@ -129,6 +130,20 @@ class Agreement:
     def close(self) -> None:
         self._closed.set()
         self._watcher.join(timeout=POLL_MS / 1000 * 4)
+
+    def finish_together(self, timeout_secs: float) -> None:
+        """After a clean stop: wait until every worker is done with its final save.
+
+        The chief hosts the coordination service; a chief that exited at once would
+        pull the store from under the others while they finish.
+        """
+        started = time.monotonic()
+        try:
+            self._store.wait_at_barrier(self._key("finished"), int(timeout_secs * 1000))
+        except Exception as exc:  # a worker already gone: nothing left to wait for
+            log.warning("cluster.finish_unsynchronized", error=f"{type(exc).__name__}: {exc}"[:300])
+            return
+        log.info("cluster.finished", seconds=round(time.monotonic() - started, 4))
 
     # -- one value everyone reads (the chief's restore choice) ------------------
 
@@ -216,7 +231,7 @@ class Agreement:
             except tf.errors.DeadlineExceededError:
                 continue
             except Exception as exc:  # the store is gone: the chief (or the network) is
-                if not self._closed.is_set():
+                if not self._closed.is_set() and not self.stopping:
                     log.error(
                         "cluster.lost", worker=self.role.name, error=f"{type(exc).__name__}: {exc}"
                     )

@@ -143,8 +143,9 @@ class Lifecycle:
             checkpointer.on_fatal = fatal
         sess = ManagedSession(sv, self.worker, step, checkpointer, writer, sv._make_loop)
         sess._events_path = events_path
-        sess._agreement = self.agreement
-        sess._propose_stop = self._propose_stop
+        if self.agreement is not None:
+            sess._agreement = self.agreement
+            sess._propose_stop = self._propose_stop
         self.sess = sess
         sess.restore_report = await self.worker.run(self._restore_or_init, sess, max_wait_secs)
         report = sess.restore_report
@@ -280,6 +281,11 @@ class Lifecycle:
                 await self.worker.run(self._finish, sess)
             except Exception as exc:
                 self.coord.request_stop(exc)
+            if self.agreement is not None and self.coord.error is None:
+                self.agreement.stopping = True
+                await anyio.to_thread.run_sync(
+                    self.agreement.finish_together, max(self._grace_left(), 1.0)
+                )
         with anyio.move_on_after(self._grace_left()) as services:
             await sess._wait_services()
         if services.cancelled_caught:

@@ -9,6 +9,8 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor._cluster import Role
+from asupervisor._supervisor import _check_is_chief
 from asupervisor.hooks import LoggingHook, StopAtStepHook
 
 
@@ -27,6 +29,8 @@ from asupervisor.hooks import LoggingHook, StopAtStepHook
         ({"max_recoveries": -1}, "max_recoveries"),
         ({"step_timeout_secs": 0}, "step_timeout_secs"),
         ({"is_chief": "yes"}, "is_chief"),
+        ({"is_chief": None}, "is_chief=None takes the role from a MultiWorkerMirroredStrategy"),
+        ({"strategy": "mwms"}, "strategy must be a tf.distribute.Strategy"),
         ({"async_checkpoint": 1}, "async_checkpoint"),
         ({"handle_signals": None}, "handle_signals"),
         ({"init_fn": 42}, "init_fn"),
@@ -113,3 +117,18 @@ def test_no_logdir_means_no_checkpoints_or_summaries() -> None:
     assert sv.checkpoint_manager is None
     assert sv.summary_writer is None
     assert not sv.checkpointing
+
+
+def test_is_chief_must_agree_with_the_role_tf_config_gives() -> None:
+    strategy = tf.distribute.get_strategy()
+    worker1 = Role("worker", 1, rank=1, num_workers=2)
+    assert _check_is_chief(None, strategy, worker1) is False
+    assert _check_is_chief(None, strategy, Role("chief", 0, rank=0, num_workers=3)) is True
+    assert _check_is_chief(None, strategy, None) is True  # a strategy of one worker
+    with pytest.raises(ValueError, match=r"is_chief=True contradicts TF_CONFIG.*worker:1"):
+        _check_is_chief(True, strategy, worker1)
+
+
+def test_a_strategy_of_one_process_keeps_the_single_process_behaviour(logdir: str) -> None:
+    sv = asv.Supervisor(logdir, strategy=tf.distribute.get_strategy(), is_chief=None)
+    assert sv.is_chief and sv.role is None and sv.checkpointing

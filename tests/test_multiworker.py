@@ -1,0 +1,209 @@
+"""A real two-worker MultiWorkerMirroredStrategy job on loopback, run as two processes
+of examples/multiworker.py: training, chief-only files, resume, SIGTERM, SIGKILL."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "examples" / "multiworker.py"
+STOPPED = re.compile(r"stopped at step (\d+) \((\w+)\)")
+
+pytestmark = pytest.mark.slow
+
+
+class Worker:
+    """One worker process of the job, with its output (stdout and stderr) collected."""
+
+    def __init__(self, index: int, ports: list[int], logdir: Path, tmp: Path, *args: str) -> None:
+        cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+        task = {"type": "worker", "index": index}
+        env = {
+            **os.environ,
+            "TF_CPP_MIN_LOG_LEVEL": "2",
+            "TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
+            "TMPDIR": str(tmp),  # where a non-chief's scratch saves go
+        }
+        self.proc = subprocess.Popen(
+            [sys.executable, str(EXAMPLE), "--logdir", str(logdir), *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stdout is not None
+        for line in self.proc.stdout:
+            with self._changed:
+                self.lines.append(line.rstrip())
+                self._changed.notify_all()
+
+    @property
+    def output(self) -> str:
+        with self._changed:
+            return "\n".join(self.lines)
+
+    def wait_for(self, pattern: str, timeout: float = 60) -> re.Match[str]:
+        """The first output line matching ``pattern``, waiting for it if need be."""
+        wanted = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if found := wanted.search(line):
+                        return found
+                exited = self.proc.poll() is not None
+                if time.monotonic() > deadline or (exited and not self._changed.wait(0.5)):
+                    raise AssertionError(f"no line matches {pattern!r}:\n{self.output[-3000:]}")
+                self._changed.wait(0.5)
+
+    def wait(self, timeout: float = 60) -> int:
+        code = self.proc.wait(timeout)
+        time.sleep(0.2)  # let the reader thread take the last lines
+        return code
+
+    def stopped_at(self) -> tuple[int, str]:
+        found = STOPPED.search(self.output)
+        assert found, self.output[-3000:]
+        return int(found[1]), found[2]
+
+
+def free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for s in sockets:
+        s.bind(("127.0.0.1", 0))
+    ports = [s.getsockname()[1] for s in sockets]
+    for s in sockets:
+        s.close()
+    return ports
+
+
+def start_job(logdir: Path, tmp: Path, *args: str) -> list[Worker]:
+    ports = free_ports(2)
+    return [Worker(i, ports, logdir, tmp, *args) for i in range(2)]
+
+
+def finish(job: list[Worker], timeout: float = 120) -> list[int]:
+    try:
+        return [worker.wait(timeout) for worker in job]
+    finally:
+        for worker in job:
+            if worker.proc.poll() is None:
+                worker.proc.kill()
+
+
+def checkpoint_steps(logdir: Path) -> list[int]:
+    indexes = logdir.glob("model.ckpt-*.index")
+    return sorted(int(p.name.removeprefix("model.ckpt-").removesuffix(".index")) for p in indexes)
+
+
+@pytest.fixture
+def scratch(tmp_path: Path) -> Path:
+    path = tmp_path / "scratch"
+    path.mkdir()
+    return path
+
+
+def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resumes(
+    tmp_path: Path, scratch: Path
+) -> None:
+    logdir = tmp_path / "run"
+    job = start_job(logdir, scratch, "--steps", "300", "--save-secs", "0.3")
+    assert finish(job) == [0, 0], job[1].output[-3000:]
+    assert [w.stopped_at() for w in job] == [(300, "step_limit")] * 2
+    # Every timed save was agreed and taken by both workers at the same step.
+    for worker in job:
+        assert "kind=save" in worker.output
+    saved_by_worker1 = re.findall(r"checkpoint.saved .*path=(\S+)", job[1].output)
+    assert saved_by_worker1 and all(p.startswith(str(scratch)) for p in saved_by_worker1)
+    assert list(scratch.iterdir()) == []  # the non-chief's scratch saves were removed
+
+    # The logdir holds the chief's files only: its checkpoints and one events file of its own.
+    steps = checkpoint_steps(logdir)
+    assert steps[-1] == 300
+    names = {p.name for p in logdir.iterdir()}
+    events = [n for n in names if n.startswith("events.out.tfevents")]
+    assert len(events) == 1 and f".{job[0].proc.pid}." in events[0]
+    assert names - set(events) - {"checkpoint", ".asupervisor.lock"} == {
+        f"model.ckpt-{s}.{ext}" for s in steps for ext in ("index", "data-00000-of-00001")
+    }
+    reader = EventAccumulator(str(logdir / events[0]))
+    reader.Reload()
+    assert {"loss", "global_step/sec"} <= set(reader.Tags()["tensors"])
+    assert reader.Tensors("loss")[-1].step > 0
+
+    # Both restarted: both restore the chief's newest checkpoint and go on from it.
+    again = start_job(logdir, scratch, "--steps", "100", "--save-secs", "30")
+    assert finish(again) == [0, 0], again[1].output[-3000:]
+    for worker in again:
+        worker.wait_for(r"starting at step 300 \(.*model\.ckpt-300\)", timeout=1)
+    assert [w.stopped_at() for w in again] == [(400, "step_limit")] * 2
+    assert checkpoint_steps(logdir)[-1] == 400
+    assert tf.train.latest_checkpoint(str(logdir)).endswith("model.ckpt-400")
+
+
+def test_sigterm_to_the_non_chief_stops_both_at_one_step_with_a_final_checkpoint(
+    tmp_path: Path, scratch: Path
+) -> None:
+    logdir = tmp_path / "run"
+    job = start_job(logdir, scratch, "--steps", "1000000", "--save-secs", "0.3")
+    try:
+        saved = job[0].wait_for(r"checkpoint.saved .*step=(\d{3,})", timeout=90)
+        job[1].proc.send_signal(signal.SIGTERM)
+        sent = time.monotonic()
+        codes = finish(job, timeout=60)
+        both_exited = time.monotonic() - sent
+    finally:
+        finish(job, timeout=1)
+    assert codes == [0, 0], job[0].output[-3000:]
+    (step0, reason0), (step1, reason1) = (w.stopped_at() for w in job)
+    assert reason0 == reason1 == "signal"
+    assert step0 == step1 > int(saved[1])
+    assert checkpoint_steps(logdir)[-1] == step0  # one final checkpoint, at that step
+    job[0].wait_for(rf"kind=stop proposed_by=1 reason=signal step={step0}", timeout=1)
+    print(f"SIGTERM to the non-chief -> both exited in {both_exited:.2f} s (stopped at {step0})")
+    assert both_exited < 30
+
+
+@pytest.mark.parametrize("victim", [1, 0], ids=["non-chief killed", "chief killed"])
+def test_sigkill_of_a_worker_ends_the_other_cleanly_and_the_job_resumes(
+    tmp_path: Path, scratch: Path, victim: int
+) -> None:
+    logdir = tmp_path / "run"
+    job = start_job(logdir, scratch, "--steps", "1000000", "--save-secs", "0.2")
+    survivor = job[1 - victim]
+    try:
+        job[0].wait_for(r"checkpoint.saved .*step=\d\d", timeout=90)
+        job[victim].proc.kill()
+        code = survivor.wait(timeout=60)
+    finally:
+        finish(job, timeout=1)
+    assert code == 1, survivor.output[-3000:]
+    survivor.wait_for(r"cluster.step_failed|cluster.lost", timeout=1)
+    survivor.wait_for(r"a worker of this job was lost", timeout=1)
+    assert "stopped at step" not in survivor.output  # no final save without every worker
+    last = checkpoint_steps(logdir)[-1]
+    assert last > 0
+
+    again = start_job(logdir, scratch, "--steps", "50", "--save-secs", "30")
+    assert finish(again) == [0, 0], again[0].output[-3000:]
+    for worker in again:
+        worker.wait_for(rf"starting at step {last} \(", timeout=1)
+    assert [w.stopped_at() for w in again] == [(last + 50, "step_limit")] * 2
