@@ -6,7 +6,9 @@
 Runs examples/multiworker.py as real worker processes (TF_CONFIG on loopback ports):
 
 - speed: the same training (global batch 32) with one worker, then two; each worker
-  prints its steps/s over the whole run, restore and final save included;
+  prints its steps/s over the whole run (first step's tracing and final save included),
+  beside the same step run by a plain loop in the same kind of worker processes
+  (MWMS, no supervisor; this script is that worker with --plain-worker);
 - stop: a two-worker job gets SIGTERM on the non-chief mid-training; the time from the
   signal until both processes have exited, and the step both stopped at.
 
@@ -22,6 +24,7 @@ import os
 import re
 import signal
 import socket
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -42,7 +45,7 @@ def free_ports(count: int) -> list[int]:
     return ports
 
 
-def start(workers: int, logdir: str, *args: str) -> list[subprocess.Popen[str]]:
+def start(workers: int, *command: str) -> list[subprocess.Popen[str]]:
     cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(workers)]}
     procs = []
     for index in range(workers):
@@ -54,7 +57,7 @@ def start(workers: int, logdir: str, *args: str) -> list[subprocess.Popen[str]]:
         }
         procs.append(
             subprocess.Popen(
-                [sys.executable, str(EXAMPLE), "--logdir", logdir, *args],
+                [sys.executable, *command],
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -64,9 +67,38 @@ def start(workers: int, logdir: str, *args: str) -> list[subprocess.Popen[str]]:
     return procs
 
 
-def speed(workers: int, steps: int) -> float:
+def plain_worker(steps: int) -> None:
+    """One worker of a plain MWMS loop over the example's own step; no supervisor."""
+    import importlib.util
+
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+
+    spec = importlib.util.spec_from_file_location("multiworker_example", EXAMPLE)
+    assert spec is not None and spec.loader is not None
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    training = example.Training(tf, strategy, 32)
+    batches = iter(training.data(0))
+    began = time.monotonic()
+    for _ in range(steps):
+        training.train_step(*next(batches))
+    seconds = time.monotonic() - began
+    print(
+        f"stopped at step {steps} (plain); {steps} steps in {seconds:.1f} s = "
+        f"{steps / seconds:.1f} steps/s",
+        flush=True,
+    )
+
+
+def speed(workers: int, steps: int, plain: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp:
-        procs = start(workers, tmp, "--steps", str(steps), "--save-secs", "10")
+        if plain:
+            command = [__file__, "--plain-worker", "--steps", str(steps)]
+        else:
+            command = [str(EXAMPLE), "--logdir", tmp, "--steps", str(steps), "--save-secs", "10"]
+        procs = start(workers, *command)
         outputs = [p.communicate(timeout=600)[0] for p in procs]
     rates = []
     for out in outputs:
@@ -79,7 +111,8 @@ def speed(workers: int, steps: int) -> float:
 
 def sigterm_to_exit(run_secs: float) -> tuple[float, str]:
     with tempfile.TemporaryDirectory() as tmp:
-        procs = start(2, tmp, "--steps", "100000000", "--save-secs", "1")
+        command = [str(EXAMPLE), "--logdir", tmp, "--steps", "100000000", "--save-secs", "1"]
+        procs = start(2, *command)
         time.sleep(run_secs)
         procs[1].send_signal(signal.SIGTERM)
         sent = time.monotonic()
@@ -95,14 +128,22 @@ def sigterm_to_exit(run_secs: float) -> tuple[float, str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000, help="(default: %(default)s)")
+    parser.add_argument("--trials", type=int, default=3, help="(default: %(default)s)")
+    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    one, two = speed(1, args.steps), speed(2, args.steps)
-    print(f"| workers | steps/s ({args.steps} steps, global batch 32) |")
-    print("|---|---|")
-    print(f"| 1 | {one:.1f} |")
-    print(f"| 2 | {two:.1f} ({two / one:.2f}x of one) |")
-    seconds, stops = sigterm_to_exit(run_secs=12)
-    print(f"\nSIGTERM to the non-chief -> both processes exited in {seconds:.2f} s; {stops}")
+    if args.plain_worker:
+        plain_worker(args.steps)
+        return
+    print("| workers | plain MWMS loop | supervised (sess.train) | step time, supervised/plain |")
+    print("|---|---|---|---|")
+    for workers in (1, 2):
+        plain = statistics.median(speed(workers, args.steps, True) for _ in range(args.trials))
+        ours = statistics.median(speed(workers, args.steps, False) for _ in range(args.trials))
+        print(f"| {workers} | {plain:.1f} steps/s | {ours:.1f} steps/s | {plain / ours:.2f}x |")
+    print(f"(median of {args.trials} runs of {args.steps} steps, global batch 32)")
+    for _ in range(args.trials):
+        seconds, stops = sigterm_to_exit(run_secs=12)
+        print(f"SIGTERM to the non-chief -> both processes exited in {seconds:.2f} s; {stops}")
 
 
 if __name__ == "__main__":

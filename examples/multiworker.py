@@ -167,73 +167,103 @@ def configure_logging(worker: str) -> None:
     )
 
 
-async def train(args: argparse.Namespace, tf: Any) -> int:
-    import keras
-    from sklearn.datasets import load_digits
+class Training:
+    """The model, its distributed step and its data: everything but the supervision
+    (benchmarks/multiworker.py runs the same step without a supervisor)."""
 
+    def __init__(self, tf: Any, strategy: Any, global_batch_size: int) -> None:
+        import keras
+        from sklearn.datasets import load_digits
+
+        self.tf, self.strategy = tf, strategy
+        self.workers = strategy.num_replicas_in_sync
+        self.rank = strategy.cluster_resolver.task_id or 0
+        self.batch = global_batch_size // self.workers
+        digits = load_digits()
+        x = (digits.data / 16.0).astype("float32")
+        y = digits.target.astype("int64")
+        self.train_xy, self.test_xy = (x[:1500], y[:1500]), (x[1500:], y[1500:])
+        with strategy.scope():
+            self.model = keras.Sequential(
+                [
+                    keras.Input((64,)),
+                    keras.layers.Dense(64, activation="relu"),
+                    keras.layers.Dense(10),
+                ]
+            )
+            self.optimizer = keras.optimizers.Adam(1e-3)
+        loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+        model, optimizer = self.model, self.optimizer
+        # Plain variables, outside the strategy: reading them needs no collective, so
+        # the chief alone can write summaries.
+        self.loss_sum = loss_sum = tf.Variable(0.0, trainable=False)
+        self.loss_count = loss_count = tf.Variable(0.0, trainable=False)
+
+        @tf.function
+        def train_step(xb: Any, yb: Any) -> dict[str, Any]:
+            def replica_step(xb: Any, yb: Any) -> Any:
+                with tf.GradientTape() as tape:
+                    per_example = loss_fn(yb, model(xb, training=True))
+                    loss = tf.nn.compute_average_loss(
+                        per_example, global_batch_size=global_batch_size
+                    )
+                grads = tape.gradient(loss, model.trainable_variables)
+                optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+                return loss
+
+            loss = strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
+            loss_sum.assign_add(loss)
+            loss_count.assign_add(1.0)
+            return {"loss": loss}
+
+        self.train_step = train_step
+
+    def data(self, start: int) -> Any:
+        """This worker's shard, from the position of step ``start`` on: the input stream
+        follows from the restored step, so a resumed run continues it."""
+        return (
+            self.tf.data.Dataset.from_tensor_slices(self.train_xy)
+            .shard(self.workers, self.rank)
+            .shuffle(1500, seed=0)
+            .repeat()
+            .batch(self.batch, drop_remainder=True)
+            .skip(start)
+        )
+
+    def summaries(self) -> dict[str, Any]:
+        mean = self.loss_sum / self.tf.maximum(self.loss_count, 1.0)
+        self.loss_sum.assign(0.0)
+        self.loss_count.assign(0.0)
+        return {"loss": mean}
+
+    def accuracy(self) -> float:
+        tf, (x_test, y_test) = self.tf, self.test_xy
+        logits = self.model(x_test, training=False)
+        return float(tf.reduce_mean(tf.cast(tf.argmax(logits, 1) == y_test, tf.float32)))
+
+
+async def train(args: argparse.Namespace, tf: Any) -> int:
     import asupervisor as asv
     from asupervisor.hooks import StopAtStepHook
 
     # MWMS must exist before any other TensorFlow work: it starts this worker's server.
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    workers = strategy.num_replicas_in_sync
     resolver = strategy.cluster_resolver
     worker = f"{resolver.task_type or 'worker'}:{resolver.task_id or 0}"
     configure_logging(worker)
-
-    digits = load_digits()
-    x = (digits.data / 16.0).astype("float32")
-    y = digits.target.astype("int64")
-    x_train, y_train, x_test, y_test = x[:1500], y[:1500], x[1500:], y[1500:]
-    with strategy.scope():
-        model = keras.Sequential(
-            [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
-        )
-        optimizer = keras.optimizers.Adam(1e-3)
-    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
-    # Plain variables, outside the strategy: reading them needs no collective, so the
-    # chief alone can write summaries.
-    loss_sum = tf.Variable(0.0, trainable=False)
-    loss_count = tf.Variable(0.0, trainable=False)
-
-    @tf.function
-    def train_step(xb: Any, yb: Any) -> dict[str, Any]:
-        def replica_step(xb: Any, yb: Any) -> Any:
-            with tf.GradientTape() as tape:
-                per_example = loss_fn(yb, model(xb, training=True))
-                loss = tf.nn.compute_average_loss(
-                    per_example, global_batch_size=args.global_batch_size
-                )
-            grads = tape.gradient(loss, model.trainable_variables)
-            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-            return loss
-
-        loss = strategy.reduce("SUM", strategy.run(replica_step, args=(xb, yb)), axis=None)
-        loss_sum.assign_add(loss)
-        loss_count.assign_add(1.0)
-        return {"loss": loss}
-
-    def summaries() -> dict[str, Any]:
-        mean = loss_sum / tf.maximum(loss_count, 1.0)
-        loss_sum.assign(0.0)
-        loss_count.assign(0.0)
-        return {"loss": mean}
+    training = Training(tf, strategy, args.global_batch_size)
 
     sv = asv.Supervisor(
         args.logdir,
-        checkpoint={"model": model, "optimizer": optimizer},
+        checkpoint={"model": training.model, "optimizer": training.optimizer},
         strategy=strategy,
         is_chief=None,  # from TF_CONFIG: worker 0 is the chief
         save_model_secs=args.save_secs,
         save_summaries_secs=args.summary_secs,
-        summary_fn=summaries,
+        summary_fn=training.summaries,
         hooks=[StopAtStepHook(num_steps=args.steps)],
         stop_grace_secs=30,
     )
-
-    def accuracy() -> float:
-        logits = model(x_test, training=False)
-        return float(tf.reduce_mean(tf.cast(tf.argmax(logits, 1) == y_test, tf.float32)))
 
     @sv.service
     async def report(sess: asv.ManagedSession) -> None:
@@ -247,29 +277,18 @@ async def train(args: argparse.Namespace, tf: Any) -> int:
         start = sess.restore_report.step
         source = sess.restore_report.path or sess.restore_report.source
         print(
-            f"[{worker}] {'chief' if sv.is_chief else 'worker'} of {workers}, "
+            f"[{worker}] {'chief' if sv.is_chief else 'worker'} of {training.workers}, "
             f"starting at step {start} ({source})",
             flush=True,
         )
-        # Each worker reads its own shard; the position follows from the restored step,
-        # so the input stream continues where the checkpoint left it.
-        rank = resolver.task_id or 0
-        data = (
-            tf.data.Dataset.from_tensor_slices((x_train, y_train))
-            .shard(workers, rank)
-            .shuffle(1500, seed=0)
-            .repeat()
-            .batch(args.global_batch_size // workers, drop_remainder=True)
-            .skip(start)
-        )
         began = time.monotonic()
-        await sess.train(train_step, data)
+        await sess.train(training.train_step, training.data(start))
         seconds = time.monotonic() - began
     steps = sess.global_step - start
     print(
         f"[{worker}] stopped at step {sess.global_step} ({sess.stop_reason}); "
         f"{steps} steps in {seconds:.1f} s = {steps / max(seconds, 1e-9):.1f} steps/s; "
-        f"test accuracy {accuracy():.3f}",
+        f"test accuracy {training.accuracy():.3f}",
         flush=True,
     )
     if sv.is_chief:
