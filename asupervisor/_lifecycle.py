@@ -129,7 +129,10 @@ class Lifecycle:
         if sv.role is not None:
             self.agreement = Agreement(sv.role, self._on_cluster_lost)
             self.agreement.start()
-        if wait_for_checkpoint and not sv.is_chief:
+        # In a multi-worker job a non-chief waits for the chief's choice instead (in
+        # _choose_checkpoint): its scratch directory never holds a checkpoint, and the
+        # chief's first save needs this worker, so waiting for a file would deadlock.
+        if wait_for_checkpoint and not sv.is_chief and self.agreement is None:
             await self._wait_for_checkpoint(max_wait_secs)
         writer, events_path = sv._make_writer()
         sv._writer = writer
