@@ -19,11 +19,9 @@ faster: the figure shows what the all-reduce over gRPC and the coordination cost
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import signal
-import socket
 import statistics
 import subprocess
 import sys
@@ -31,30 +29,19 @@ import tempfile
 import time
 from pathlib import Path
 
-EXAMPLE = Path(__file__).parents[1] / "examples" / "multiworker.py"
+ROOT = Path(__file__).parents[1]
+EXAMPLE = ROOT / "examples" / "multiworker.py"
+sys.path.insert(0, str(ROOT))  # the benchmark drives the example and reuses its parts
+
+from examples.multiworker import Training, local_tf_configs  # noqa: E402
+
 RATE = re.compile(r"stopped at step (\d+) \((\w+)\); (\d+) steps in ([\d.]+) s = ([\d.]+) steps/s")
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def start(workers: int, *command: str) -> list[subprocess.Popen[str]]:
-    cluster = {"worker": [f"127.0.0.1:{p}" for p in free_ports(workers)]}
     procs = []
-    for index in range(workers):
-        task = {"type": "worker", "index": index}
-        env = {
-            **os.environ,
-            "TF_CPP_MIN_LOG_LEVEL": "2",
-            "TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
-        }
+    for config in local_tf_configs(workers):
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TF_CONFIG": config}
         procs.append(
             subprocess.Popen(
                 [sys.executable, *command],
@@ -69,17 +56,11 @@ def start(workers: int, *command: str) -> list[subprocess.Popen[str]]:
 
 def plain_worker(steps: int) -> None:
     """One worker of a plain MWMS loop over the example's own step; no supervisor."""
-    import importlib.util
-
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
 
-    spec = importlib.util.spec_from_file_location("multiworker_example", EXAMPLE)
-    assert spec is not None and spec.loader is not None
-    example = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(example)
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
-    training = example.Training(tf, strategy, 32)
+    training = Training(tf, strategy, 32)
     batches = iter(training.data(0))
     began = time.monotonic()
     for _ in range(steps):

@@ -82,28 +82,30 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 # -- the launcher: N local workers ---------------------------------------------
 
 
-def free_ports(count: int) -> list[int]:
+def local_tf_configs(count: int) -> list[str]:
+    """One TF_CONFIG per worker of a job on free loopback ports of this machine."""
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
         s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
+    cluster = {"worker": [f"127.0.0.1:{s.getsockname()[1]}" for s in sockets]}
     for s in sockets:
         s.close()
-    return ports
+    return [
+        json.dumps({"cluster": cluster, "task": {"type": "worker", "index": index}})
+        for index in range(count)
+    ]
 
 
 def launch(args: argparse.Namespace) -> int:
     """Start the workers; forward SIGTERM/SIGINT to all of them; exit with the worst code."""
-    ports = free_ports(args.workers)
-    cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
+    configs = local_tf_configs(args.workers)
     passed = [a for a in sys.argv[1:] if not a.startswith("--workers=")]
     if "--workers" in passed:
         i = passed.index("--workers")
         del passed[i : i + 2]
     children = []
-    for index in range(args.workers):
-        task = {"type": "worker", "index": index}
-        env = {**os.environ, "TF_CONFIG": json.dumps({"cluster": cluster, "task": task})}
+    for config in configs:
+        env = {**os.environ, "TF_CONFIG": config}
         # A session of its own: a Ctrl-C reaches the launcher only, which stops the
         # workers with one SIGTERM each (they agree on the step among themselves).
         children.append(
@@ -113,7 +115,8 @@ def launch(args: argparse.Namespace) -> int:
                 start_new_session=True,
             )
         )
-    print(f"started {args.workers} workers on ports {ports}; logdir {args.logdir}", flush=True)
+    addresses = json.loads(configs[0])["cluster"]["worker"]
+    print(f"started {args.workers} workers at {addresses}; logdir {args.logdir}", flush=True)
 
     def forward(signum: int, frame: Any) -> None:
         for child in children:

@@ -3,11 +3,9 @@ of examples/multiworker.py: training, chief-only files, resume, SIGTERM, SIGKILL
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -17,6 +15,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+from examples.multiworker import local_tf_configs
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "multiworker.py"
@@ -28,13 +28,11 @@ pytestmark = pytest.mark.slow
 class Worker:
     """One worker process of the job, with its output (stdout and stderr) collected."""
 
-    def __init__(self, index: int, ports: list[int], logdir: Path, tmp: Path, *args: str) -> None:
-        cluster = {"worker": [f"127.0.0.1:{port}" for port in ports]}
-        task = {"type": "worker", "index": index}
+    def __init__(self, tf_config: str, logdir: Path, tmp: Path, *args: str) -> None:
         env = {
             **os.environ,
             "TF_CPP_MIN_LOG_LEVEL": "2",
-            "TF_CONFIG": json.dumps({"cluster": cluster, "task": task}),
+            "TF_CONFIG": tf_config,
             "TMPDIR": str(tmp),  # where a non-chief's scratch saves go
         }
         self.proc = subprocess.Popen(
@@ -85,19 +83,8 @@ class Worker:
         return int(found[1]), found[2]
 
 
-def free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for s in sockets:
-        s.bind(("127.0.0.1", 0))
-    ports = [s.getsockname()[1] for s in sockets]
-    for s in sockets:
-        s.close()
-    return ports
-
-
 def start_job(logdir: Path, tmp: Path, *args: str) -> list[Worker]:
-    ports = free_ports(2)
-    return [Worker(i, ports, logdir, tmp, *args) for i in range(2)]
+    return [Worker(config, logdir, tmp, *args) for config in local_tf_configs(2)]
 
 
 def finish(job: list[Worker], timeout: float = 120) -> list[int]:
