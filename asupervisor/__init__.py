@@ -2,7 +2,7 @@
 
 The public API is what this module exports; everything in ``_*`` modules is
 private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
-:mod:`asupervisor.services`.
+:mod:`asupervisor.services`; both are imported with the package.
 """
 
 from __future__ import annotations
@@ -15,11 +15,14 @@ from ._errors import (
     GracePeriodExpired,
     LogdirLockedError,
     NanLossError,
+    SessionStopped,
     StepTimeout,
     SupervisorError,
     WaitTimeout,
 )
 from ._hooks import Hook, RunContext
+from ._log import EventLogger
+from ._log import log as logger
 from ._services import Service
 from ._session import ManagedSession
 from ._supervisor import Supervisor
@@ -30,6 +33,7 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointSaveError",
     "Coordinator",
+    "EventLogger",
     "GracePeriodExpired",
     "Hook",
     "LogdirLockedError",
@@ -38,9 +42,23 @@ __all__ = [
     "RestoreReport",
     "RunContext",
     "Service",
+    "SessionStopped",
     "StepTimeout",
     "Supervisor",
     "SupervisorError",
     "WaitTimeout",
     "__version__",
+    "hooks",
+    "logger",
+    "services",
 ]
+
+# Public names say where users find them: `asupervisor.Supervisor`, not the private
+# module it is defined in (tracebacks, reprs and docs show this name).
+for _name in __all__:
+    _obj = globals().get(_name)
+    if isinstance(_obj, type):
+        _obj.__module__ = __name__
+del _name, _obj, annotations  # the __future__ import is not part of the API
+
+from . import hooks, services  # noqa: E402  (they use the names above)

@@ -8,8 +8,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import errno
-import fcntl
 import glob
 import os
 import re
@@ -23,8 +21,11 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _async_save
-from ._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
+from ._errors import CheckpointMismatchError, CheckpointSaveError
+from ._lock import WriteGuard
 from ._log import log
+from ._verify import shape_differences, top_level_differences, verify_checkpoint
+from ._worker import Fenced
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -36,7 +37,8 @@ MAX_CONSECUTIVE_FAILURES = 3
 class RestoreReport:
     """How a session began."""
 
-    source: Literal["checkpoint", "init_fn", "fresh"]
+    source: Literal["checkpoint", "init_fn", "fresh", "interrupted"]
+    """"interrupted": a stop came before anything was restored; nothing trains or is saved."""
     path: str | None
     step: int
     skipped: tuple[tuple[str, str], ...] = ()
@@ -44,7 +46,11 @@ class RestoreReport:
 
 
 class Checkpointer:
-    """Saves and restores one ``tf.train.Checkpoint`` in a logdir."""
+    """Saves and restores one ``tf.train.Checkpoint`` in a logdir.
+
+    Every save enters the session's ``WriteGuard`` first: once the session has
+    closed, a thread it abandoned cannot write into the logdir any more.
+    """
 
     def __init__(
         self,
@@ -55,6 +61,7 @@ class Checkpointer:
         max_to_keep: int | None,
         keep_checkpoint_every_n_hours: float | None,
         async_write: bool = False,
+        guard: WriteGuard | None = None,
     ) -> None:
         import tensorflow as tf
 
@@ -69,6 +76,7 @@ class Checkpointer:
             checkpoint_name=basename,
         )
         self.basename = basename
+        self.guard = guard or WriteGuard(None)
         self.last_saved_step: int | None = None
         self.last_saved_at: float | None = None  # time.monotonic() of the last save
         self.failures = 0
@@ -136,16 +144,25 @@ class Checkpointer:
     def _sync_new(self, prefix: str) -> None:
         sync_paths([*glob.glob(glob.escape(prefix) + ".*"), self.directory])
 
-    def save(self, step: int) -> str | None:
+    def save(self, step: int, *, force: bool = False, final: bool = False) -> str | None:
         """Save at ``step``; ``None`` if a checkpoint for it exists or the save failed.
 
+        ``force``: save even if this step was saved already (steps ran since without
+        advancing it); the new files replace the old ones of the same number.
         A failed save is logged and leaves every earlier checkpoint as it was; the
-        third failure in a row raises ``CheckpointSaveError``.
+        third failure in a row raises ``CheckpointSaveError``, and so does a failed
+        ``final`` save, which has no next trigger to try again.
         """
-        if step == self.last_saved_step:
+        if step == self.last_saved_step and not force:
             return None
         if self.async_write:
             self._save_async(step)
+            if final:
+                self.wait_for_write()
+                if self.fatal is not None or self.last_saved_step != step:
+                    raise self.fatal or CheckpointSaveError(
+                        f"the final checkpoint at step {step} was not written"
+                    )
             return None
         import tensorflow as tf
 
@@ -156,11 +173,14 @@ class Checkpointer:
         callbacks = [self._sync_new] if self.durable else []
         options = tf.train.CheckpointOptions(experimental_write_callbacks=callbacks)
         try:
-            path: str = self.manager.save(checkpoint_number=step, options=options)
-            if self.durable:
-                sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+            with self.guard.writing():
+                path: str = self.manager.save(checkpoint_number=step, options=options)
+                if self.durable:
+                    sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+        except Fenced:
+            raise
         except Exception as exc:
-            fatal = self._failed(step, exc)
+            fatal = self._failed(step, exc, final=final)
             if fatal is not None:
                 raise fatal from exc
             return None
@@ -168,8 +188,9 @@ class Checkpointer:
         self._saved(step, path, seconds, seconds)
         return path
 
-    def _failed(self, step: int, exc: Exception) -> CheckpointSaveError | None:
-        """Log a failed save; the error to stop training with on the third in a row."""
+    def _failed(self, step: int, exc: Exception, *, final: bool) -> CheckpointSaveError | None:
+        """Log a failed save; the error to stop training with on the third in a row,
+        or at once for the final save."""
         self.failures += 1
         self.last_saved_step = None  # the next trigger tries again
         log.error(
@@ -177,7 +198,14 @@ class Checkpointer:
             step=step,
             error=f"{type(exc).__name__}: {exc}",
             consecutive_failures=self.failures,
+            final=final,
         )
+        if final:
+            return CheckpointSaveError(
+                f"the final checkpoint at step {step} could not be written, so the "
+                f"steps since the last good checkpoint ({self.manager.latest_checkpoint}) "
+                f"are not on disk; error: {type(exc).__name__}: {exc}"
+            )
         if self.failures < MAX_CONSECUTIVE_FAILURES:
             return None
         return CheckpointSaveError(
@@ -207,6 +235,8 @@ class Checkpointer:
         self.wait_for_write()
         if self.fatal is not None:
             return  # saving has failed for good; training is being stopped
+        if self.guard.closed:
+            raise Fenced("the session has closed: nothing more is written into its logdir")
         snapshot = _async_save.take_snapshot(self.checkpoint)
         held = time.perf_counter() - started
         self.last_saved_step = step
@@ -223,12 +253,13 @@ class Checkpointer:
         """Writer thread: files, fsync, then the state file; failures are reported."""
         lower_priority()
         try:
-            _async_save.write_snapshot(snapshot, prefix)
-            self._sync_new(prefix)
-            _async_save.commit(self.manager, prefix)
-            sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+            with self.guard.writing():
+                _async_save.write_snapshot(snapshot, prefix)
+                self._sync_new(prefix)
+                _async_save.commit(self.manager, prefix)
+                sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
         except Exception as exc:
-            fatal = self._failed(step, exc)
+            fatal = self._failed(step, exc, final=False)
             if fatal is not None:
                 fatal.__cause__ = exc
                 self.fatal = fatal
@@ -242,9 +273,10 @@ class Checkpointer:
     def wait_for_write(self, timeout: float | None = None) -> bool:
         """Block until the write in flight, if any, is on disk (or has failed);
         ``False`` if it is still running after ``timeout`` seconds."""
-        if self._writer is not None:
-            self._writer.join(timeout)
-            if self._writer.is_alive():
+        writer = self._writer
+        if writer is not None:
+            writer.join(timeout)
+            if writer.is_alive():
                 return False
             self._writer = None
         return True
@@ -272,10 +304,10 @@ class ScratchCheckpointer(Checkpointer):
         )
         self.durable = False  # thrown away at once: no fsync
 
-    def save(self, step: int) -> str | None:
+    def save(self, step: int, *, force: bool = False, final: bool = False) -> str | None:
         """Take part in the save at ``step``; nothing is kept, so nothing is returned."""
         try:
-            super().save(step)
+            super().save(step, force=force, final=final)
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
         return None
@@ -284,24 +316,31 @@ class ScratchCheckpointer(Checkpointer):
         return []  # a non-chief never picks a checkpoint: the chief does
 
 
-def verify_checkpoint(prefix: str) -> str | None:
-    """``None`` if the checkpoint at ``prefix`` reads back whole, else why it does not.
+def checkpoint_root(user: Any, global_step: Any) -> tf.train.Checkpoint:
+    """The object the supervisor saves: the objects of the user's checkpoint (or
+    mapping) and the global step, in a root of the supervisor's own.
 
-    Every tensor is read, so a truncated or corrupt data file is caught, not only
-    a missing index. Variant tensors (a tf.data iterator's state) have no numpy
-    form to read them into; the index still vouches for them.
+    The user's ``tf.train.Checkpoint`` is left as it was: a second Supervisor over
+    it (a retry loop, a notebook cell run twice) sees it unchanged. The files are
+    the same as if ``global_step`` had been attached to it.
     """
     import tensorflow as tf
 
-    try:
-        reader = tf.train.load_checkpoint(prefix)
-        for name, dtype in reader.get_variable_to_dtype_map().items():
-            if dtype not in (tf.variant, tf.resource):
-                reader.get_tensor(name)
-    except Exception as exc:  # TF reports damage with several error types
-        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
-        return f"{type(exc).__name__}: {first_line}"[:300]
-    return None
+    if user is None:
+        children: dict[str, Any] = {}
+    elif isinstance(user, tf.train.Checkpoint):
+        children = dict(tf.train.TrackableView(user).children(user))
+        children.pop("save_counter", None)  # the root's own, made anew
+    else:
+        children = dict(user)
+    existing = children.get("global_step")
+    if existing is not None and existing is not global_step:
+        raise ValueError(
+            "checkpoint already has a `global_step` that is not the supervisor's global_step; "
+            "pass it as global_step= instead"
+        )
+    children["global_step"] = global_step
+    return tf.train.Checkpoint(**children)
 
 
 def lower_priority() -> None:
@@ -358,124 +397,6 @@ def list_checkpoints(directory: str, basename: str) -> list[str]:
     return [os.path.join(directory, n) for n in sorted(steps, key=steps.__getitem__, reverse=True)]
 
 
-def _holds_state(obj: Any) -> bool:
-    """Whether ``obj`` or anything it tracks has a value a checkpoint would save."""
-    import tensorflow as tf
-
-    for node in tf.train.TrackableView(obj).descendants():
-        if (
-            isinstance(node, tf.Variable)
-            or hasattr(node, "assign")
-            or "Iterator" in type(node).__name__
-        ):
-            return True
-    return False
-
-
-def shape_differences(checkpoint: Any, path: str) -> list[str]:
-    """``"name: checkpoint (3,), model (5,)"`` for every variable whose shape differs.
-
-    Variables are named by their first path from the root, breadth first, as TF
-    names them when it saves.
-    """
-    import tensorflow as tf
-
-    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
-    view = tf.train.TrackableView(checkpoint)
-    seen, queue, found = {id(checkpoint)}, [(checkpoint, "")], []
-    while queue:
-        obj, prefix = queue.pop(0)
-        for name, child in view.children(obj).items():
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            child_path = f"{prefix}{name}"
-            key = f"{child_path}/.ATTRIBUTES/VARIABLE_VALUE"
-            shape = getattr(child, "shape", None)
-            if key in saved and shape is not None and list(shape) != saved[key]:
-                found.append(f"{child_path}: checkpoint {tuple(saved[key])}, model {tuple(shape)}")
-            queue.append((child, child_path + "/"))
-    return found
-
-
-def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[str]]:
-    """The top-level names only the model has (with state), and only the checkpoint has.
-
-    The names come from the object graph saved in the checkpoint, not from the
-    tensors' keys: TF names a value by its first path in the graph, so a model's
-    variables may be saved under the optimizer that also tracks them.
-    """
-    import tensorflow as tf
-    from tensorflow.core.protobuf import trackable_object_graph_pb2
-
-    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
-        tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
-    )
-    saved = {child.local_name for child in graph.nodes[0].children}
-    live = tf.train.TrackableView(checkpoint).children(checkpoint)
-    saved.discard("save_counter")  # the Checkpoint's own counter, created on first save
-    missing = sorted(
-        n for n, obj in live.items() if n not in saved and n != "save_counter" and _holds_state(obj)
-    )
-    unexpected = sorted(n for n in saved if n not in live)
-    return missing, unexpected
-
-
 def checkpoint_bytes(prefix: str) -> int:
     """The size on disk of the files of the checkpoint at ``prefix``."""
     return sum(os.path.getsize(p) for p in glob.glob(glob.escape(prefix) + ".*"))
-
-
-def track_global_step(checkpoint: Any, variable: Any) -> None:
-    """Make ``checkpoint`` save ``variable`` as ``global_step``, unless it already does."""
-    existing = getattr(checkpoint, "global_step", None)
-    if existing is None:
-        checkpoint.global_step = variable
-    elif existing is not variable:
-        raise ValueError(
-            "checkpoint already has a `global_step` that is not the supervisor's global_step; "
-            "pass it as global_step= instead"
-        )
-
-
-class LogdirLock:
-    """One live chief per logdir: an exclusive ``flock`` on ``<logdir>/.asupervisor.lock``.
-
-    The kernel drops the lock when its process dies, however it dies, so a lock
-    left by a killed run never blocks the next one.
-    """
-
-    NAME = ".asupervisor.lock"
-
-    def __init__(self, logdir: str) -> None:
-        self.path = os.path.join(logdir, self.NAME)
-        self._fd: int | None = None
-
-    def acquire(self) -> None:
-        try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        except OSError as exc:
-            raise type(exc)(
-                exc.errno,
-                f"cannot write into logdir {os.path.dirname(self.path)!r} "
-                f"(its lock file could not be created): {exc.strerror}",
-            ) from exc
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as exc:
-            holder = os.pread(fd, 64, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            if exc.errno not in (errno.EAGAIN, errno.EACCES):
-                raise
-            raise LogdirLockedError(
-                f"logdir {os.path.dirname(self.path)!r} is in use by another chief "
-                f"(pid {holder}); give each run its own logdir, or make this one a non-chief"
-            ) from None
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, str(os.getpid()).encode(), 0)
-        self._fd = fd
-
-    def release(self) -> None:
-        if self._fd is not None:
-            os.close(self._fd)  # closing drops the flock
-            self._fd = None

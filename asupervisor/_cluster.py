@@ -104,10 +104,16 @@ def multi_worker_role(strategy: Any) -> Role | None:
 class Agreement:
     """Decisions taken together by every worker of one job, for one session."""
 
-    def __init__(self, role: Role, on_lost: Callable[[BaseException], None]) -> None:
+    def __init__(
+        self,
+        role: Role,
+        on_lost: Callable[[BaseException], None],
+        stopped: Callable[[], bool] = lambda: False,
+    ) -> None:
         from tensorflow.python.eager import context
 
         self.role = role
+        self._stopped = stopped  # a wait for another worker gives way to a stop
         self._store = context.context()
         self._prefix = f"asupervisor/{next(_sessions)}"
         self._on_lost = on_lost  # the store failed: a worker (or the chief) is gone
@@ -208,7 +214,7 @@ class Agreement:
                         f"{what} did not answer within {timeout_secs} s in the job's "
                         f"coordination service (key {key}); is every worker alive?",
                     ) from None
-                if self._closed.is_set():
+                if self._closed.is_set() or self._stopped():
                     raise
 
     def _watch(self) -> None:

@@ -6,11 +6,12 @@ exception a caller would naturally catch::
     SupervisorError
      ├── GracePeriodExpired      (also RuntimeError) a step outlived stop_grace_secs
      ├── CheckpointMismatchError a checkpoint's variables do not match the model
- ├── CheckpointSaveError     saves failed several times in a row (disk full?)
+     ├── CheckpointSaveError     saves failed three times in a row, or the final save failed
      ├── LogdirLockedError       another live chief holds the logdir
      ├── WaitTimeout             (also TimeoutError) no checkpoint appeared in time
      ├── NanLossError            a step's loss was NaN
-     └── StepTimeout             the watchdog saw a step run too long
+     ├── StepTimeout             the watchdog saw a step run too long
+     └── SessionStopped          (also RuntimeError) run/train after a stop; a clean exit
 
 Errors raised by the user's own code (a step, a hook, a service) are never
 wrapped: they reach the caller as the same object, traceback intact.
@@ -57,3 +58,12 @@ class NanLossError(SupervisorError):
 
 class StepTimeout(SupervisorError):
     """A training step ran longer than ``step_timeout_secs``."""
+
+
+class SessionStopped(SupervisorError, RuntimeError):
+    """``run`` or ``train`` was called after the session was asked to stop.
+
+    The message names the stop's reason. It ends a loop that does not check
+    ``should_stop()``; leaving the ``async with`` block with it is a clean exit
+    (the final checkpoint is written), as ending by ``should_stop()`` would be.
+    """

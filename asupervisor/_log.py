@@ -1,12 +1,65 @@
-"""The library's one logger.
+"""The library's one logger: structured events that go where the application says.
 
-asupervisor never configures logging or structlog: it emits structured events
-named ``noun.verb`` with key=value fields, and the application decides where
-they go (``structlog.configure`` or the stdlib ``logging`` bridge).
+asupervisor never configures logging or structlog. Each event has a ``noun.verb``
+name and key=value fields, and goes:
+
+- through the application's structlog configuration, if it configured structlog
+  (its processors and renderer format the event);
+- otherwise through the standard library logger ``asupervisor``, as one line
+  ``event key=value ...`` with the event and its fields also on the record
+  (``record.asupervisor_event``, ``record.asupervisor_fields``) for structured
+  handlers. ``logging.basicConfig(level=logging.INFO)`` shows them; an application
+  that configured nothing sees warnings and errors only (Python's last resort).
 """
 
 from __future__ import annotations
 
+import logging
+from typing import Any
+
 import structlog
 
-log = structlog.get_logger("asupervisor")
+_stdlib = logging.getLogger("asupervisor")
+
+
+def _render(event: str, fields: dict[str, Any]) -> str:
+    parts = [event]
+    for key, value in fields.items():
+        text = value if isinstance(value, str) and value and " " not in value else repr(value)
+        parts.append(f"{key}={text}")
+    return " ".join(parts)
+
+
+class EventLogger:
+    """``log.info("checkpoint.saved", step=5)``; also ``debug``, ``warning``, ``error``."""
+
+    def _emit(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        if structlog.is_configured():
+            method = logging.getLevelName(level).lower()
+            getattr(structlog.get_logger("asupervisor"), method)(event, **fields)
+            return
+        if not _stdlib.isEnabledFor(level):
+            return
+        exc_info = fields.pop("exc_info", None)
+        _stdlib.log(
+            level,
+            "%s",
+            _render(event, fields),
+            exc_info=exc_info,
+            extra={"asupervisor_event": event, "asupervisor_fields": fields},
+        )
+
+    def debug(self, event: str, **fields: Any) -> None:
+        self._emit(logging.DEBUG, event, fields)
+
+    def info(self, event: str, **fields: Any) -> None:
+        self._emit(logging.INFO, event, fields)
+
+    def warning(self, event: str, **fields: Any) -> None:
+        self._emit(logging.WARNING, event, fields)
+
+    def error(self, event: str, **fields: Any) -> None:
+        self._emit(logging.ERROR, event, fields)
+
+
+log = EventLogger()

@@ -23,6 +23,8 @@ import anyio
 from ._log import log
 
 if TYPE_CHECKING:
+    from anyio.abc import TaskGroup
+
     from ._session import ManagedSession
 
 POLICIES = ("stop", "restart", "log")
@@ -91,7 +93,47 @@ def register(
     return Registration(service, on_error, max_restarts, float(backoff_secs))
 
 
-async def supervise(reg: Registration, sess: ManagedSession) -> None:
+class ServiceGroup:
+    """The services of one session: started in its task group, counted, awaited."""
+
+    def __init__(self) -> None:
+        self._tg: TaskGroup | None = None
+        self._sess: ManagedSession | None = None
+        self._fail: Callable[[BaseException], None] | None = None
+        self.running = 0
+        self._done: anyio.Event | None = None
+
+    def attach(
+        self, tg: TaskGroup, sess: ManagedSession, fail: Callable[[BaseException], None]
+    ) -> None:
+        self._tg, self._sess, self._fail = tg, sess, fail
+
+    def start(self, reg: Registration) -> None:
+        if self._tg is None or self._sess is None:
+            raise RuntimeError("the session has not started or has already ended")
+        self.running += 1
+        self._tg.start_soon(self._supervise, reg, name=f"service:{reg.name}")
+
+    def close(self) -> None:
+        self._tg = None
+
+    async def _supervise(self, reg: Registration) -> None:
+        try:
+            await supervise(reg, self._sess, self._fail)  # type: ignore[arg-type]
+        finally:
+            self.running -= 1
+            if self.running == 0 and self._done is not None:
+                self._done.set()
+
+    async def wait(self) -> None:
+        if self.running:
+            self._done = anyio.Event()
+            await self._done.wait()
+
+
+async def supervise(
+    reg: Registration, sess: ManagedSession, fail: Callable[[BaseException], None]
+) -> None:
     """Run one service under its failure policy; never raises (but for cancellation)."""
     restarts, backoff = 0, reg.backoff_secs
     while True:
@@ -101,7 +143,7 @@ async def supervise(reg: Registration, sess: ManagedSession) -> None:
         except anyio.get_cancelled_exc_class():
             raise
         except Exception as exc:
-            if not _handle_failure(reg, sess, exc, restarts):
+            if not _handle_failure(reg, exc, restarts, fail):
                 return
         restarts += 1
         if await sess.sleep_until_stop(backoff):
@@ -109,7 +151,9 @@ async def supervise(reg: Registration, sess: ManagedSession) -> None:
         backoff = min(backoff * 2, reg.max_backoff_secs)
 
 
-def _handle_failure(reg: Registration, sess: ManagedSession, exc: Exception, restarts: int) -> bool:
+def _handle_failure(
+    reg: Registration, exc: Exception, restarts: int, fail: Callable[[BaseException], None]
+) -> bool:
     """Log a failure and apply the policy; ``True`` means run the service again."""
     restart = reg.on_error == "restart" and restarts < reg.max_restarts
     log.error(
@@ -122,5 +166,5 @@ def _handle_failure(reg: Registration, sess: ManagedSession, exc: Exception, res
         exc_info=exc,
     )
     if reg.on_error != "log" and not restart:
-        sess._coord._request(exc, "requested", failure=True)
+        fail(exc)  # an error whatever its type: a failed service did not reach end of data
     return restart

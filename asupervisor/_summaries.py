@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import glob
 import os
+import threading
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
+
+from ._log import log
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -38,3 +41,56 @@ def create_events_file(logdir: str) -> tuple[tf.summary.SummaryWriter, str | Non
     writer.flush()
     new = set(glob.glob(pattern)) - before
     return writer, (new.pop() if len(new) == 1 else None)
+
+
+class EventsFile:
+    """One session's summary writer: made, written, renewed and closed here only.
+
+    ``given`` is a writer the user passed in: it is flushed at the end, never
+    closed, and never replaced.
+    """
+
+    def __init__(self, logdir: str | None, given: tf.summary.SummaryWriter | None) -> None:
+        self._logdir = logdir
+        self._given = given
+        self._lock = threading.Lock()
+        self.writer: tf.summary.SummaryWriter | None = given
+        self.path: str | None = None
+
+    def open(self) -> None:
+        """Create the session's file (blocking I/O: not on the event loop)."""
+        if self._given is None and self._logdir is not None:
+            self.writer, self.path = create_events_file(self._logdir)
+
+    def set_default(self, step: Any) -> None:
+        """On the training thread: ``tf.summary.*`` inside steps writes here."""
+        if self.writer is not None:
+            self.writer.set_as_default(step=step)
+
+    def write(self, values: Mapping[str, Any], step: int, default_step: Any = None) -> None:
+        with self._lock:
+            self._renew_if_lost(default_step)
+            if self.writer is not None:
+                write_values(self.writer, values, step)
+
+    def _renew_if_lost(self, default_step: Any) -> None:
+        """A new file in place of a deleted one: TF would go on writing into the
+        deleted file's inode, and every summary would be lost without a word."""
+        if self.path is None or os.path.exists(self.path):
+            return
+        lost = self.path
+        if self.writer is not None:
+            self.writer.close()
+        self.writer, self.path = create_events_file(self._logdir)  # type: ignore[arg-type]
+        if default_step is not None:
+            self.writer.set_as_default(step=default_step)
+        log.warning("summary.file_lost", path=lost, new_path=self.path)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.writer is None:
+                return
+            if self._given is None:
+                self.writer.close()  # flushes
+            else:
+                self.writer.flush()  # a writer the user gave stays theirs

@@ -1,7 +1,8 @@
-"""Supervisor: the configuration of a supervised training run, and its sessions.
+"""Supervisor: the validated, fixed configuration of a supervised run, and its sessions.
 
 The Supervisor is the composition root: the one place that turns its arguments
-into the standard services and wires them into a session.
+into the standard services and wires them into a session. It holds settings
+only; everything that lives for one session belongs to that session's runtime.
 """
 
 from __future__ import annotations
@@ -12,17 +13,17 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
-from ._checkpoints import Checkpointer, ScratchCheckpointer, track_global_step
+from ._checkpoints import checkpoint_root
 from ._cluster import Role, multi_worker_role
-from ._coordinator import Coordinator
+from ._coordinator import Coordinator, session_coordinator
 from ._hooks import Hook
-from ._lifecycle import Lifecycle
 from ._services import Registration, register
 from ._session import ManagedSession
-from ._summaries import create_events_file
 
 if TYPE_CHECKING:
     import tensorflow as tf
+
+    from ._runtime import SessionRuntime
 
 ServiceFn = Callable[[ManagedSession], Any]
 
@@ -31,7 +32,8 @@ class Supervisor:
     """Supervises long TensorFlow training: checkpoints, summaries, services, stops.
 
     See the README and the API contract for every argument. Settings are checked
-    here, once, and a bad one raises ``ValueError`` naming it.
+    here, once, and a bad one raises ``ValueError`` naming it; afterwards they are
+    fixed (assigning one raises ``AttributeError``): make a new Supervisor instead.
     """
 
     def __init__(
@@ -82,17 +84,28 @@ class Supervisor:
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
-
-        self.coord = Coordinator()
-        self.global_step, self._owns_global_step = _make_global_step(global_step)
-        self.checkpoint = _make_checkpoint(checkpoint)
-        track_global_step(self.checkpoint, self.global_step)
+        self.global_step, self.owns_global_step = _make_global_step(global_step)
+        self.checkpoint = _make_checkpoint(checkpoint, self.global_step)
         self._services: list[Registration] = []
-        self._checkpointer = self._new_checkpointer()
-        self._writer: tf.summary.SummaryWriter | None = None
+        self._coord = Coordinator()
+        self._runtime: SessionRuntime | None = None  # the open session's, else the last one's
         self._open = False
+        self._frozen = True
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if not name.startswith("_") and getattr(self, "_frozen", False):
+            raise AttributeError(
+                f"Supervisor.{name} is fixed at construction (it was validated then); "
+                "make a new Supervisor with the setting you want"
+            )
+        object.__setattr__(self, name, value)
 
     # -- what a session is made of -----------------------------------------
+
+    @property
+    def coord(self) -> Coordinator:
+        """The coordinator of the open session, else of the last one (or a fresh one)."""
+        return self._coord
 
     @property
     def checkpointing(self) -> bool:
@@ -106,42 +119,33 @@ class Supervisor:
         )
 
     @property
+    def given_summary_writer(self) -> tf.summary.SummaryWriter | None:
+        """The writer passed as ``summary_writer=``, if one was."""
+        arg = self._summary_writer_arg
+        return None if arg in ("auto", None) else arg
+
+    @property
+    def writes_summaries(self) -> bool:
+        arg = self._summary_writer_arg
+        return arg not in ("auto", None) or (
+            arg == "auto" and self.logdir is not None and self.is_chief
+        )
+
+    @property
     def checkpoint_manager(self) -> tf.train.CheckpointManager | None:
-        return self._checkpointer.manager if self._checkpointer is not None else None
+        """The ``tf.train.CheckpointManager`` of the open (or last) session, else ``None``."""
+        rt = self._runtime
+        return rt.checkpointer.manager if rt is not None and rt.checkpointer else None
 
     @property
     def summary_writer(self) -> tf.summary.SummaryWriter | None:
         """The writer of the open session's events file (or the one given), else ``None``."""
-        if self._writer is not None:
-            return self._writer
-        arg = self._summary_writer_arg
-        return None if arg in ("auto", None) else arg
+        rt = self._runtime
+        if self._open and rt is not None and rt.events.writer is not None:
+            return rt.events.writer
+        return self.given_summary_writer
 
-    def _new_checkpointer(self) -> Checkpointer | None:
-        if self.logdir is None:
-            return None
-        if self.role is not None and not self.is_chief:
-            return ScratchCheckpointer(self.checkpoint, self.role.name, self.checkpoint_basename)
-        return Checkpointer(
-            self.checkpoint,
-            self.logdir,
-            basename=self.checkpoint_basename,
-            max_to_keep=self.max_to_keep,
-            keep_checkpoint_every_n_hours=self.keep_checkpoint_every_n_hours,
-            async_write=self.async_checkpoint,
-        )
-
-    def _make_writer(self) -> tuple[tf.summary.SummaryWriter | None, str | None]:
-        """A new events file for this session, if this process writes summaries,
-        and its path when the supervisor made it."""
-        arg = self._summary_writer_arg
-        if arg != "auto":
-            return arg, None
-        if self.logdir is None or not self.is_chief:
-            return None, None
-        return create_events_file(self.logdir)
-
-    def _standard_services(self, writer: Any) -> list[Registration]:
+    def _registrations(self, standard: bool) -> list[Registration]:
         from .services import (
             CheckpointService,
             StepCounterService,
@@ -150,32 +154,25 @@ class Supervisor:
         )
 
         regs = []
-        if self.checkpointing and self.is_chief and self.save_model_secs > 0:
+        if standard and self.checkpointing and self.is_chief and self.save_model_secs > 0:
             # In a multi-worker job only the chief's clock decides; see _cluster.
             regs.append(register(CheckpointService(self.save_model_secs)))
-        if writer is not None and self.save_summaries_secs > 0:
+        if standard and self.writes_summaries and self.save_summaries_secs > 0:
             if self.summary_fn is not None:
-                regs.append(
-                    register(
-                        SummaryService(self.save_summaries_secs, self.summary_fn),
-                        on_error="restart",
-                    )
-                )
-            regs.append(register(StepCounterService(self.save_summaries_secs), on_error="restart"))
-        if self.step_timeout_secs is not None:
+                summary = SummaryService(self.save_summaries_secs, self.summary_fn)
+                regs.append(register(summary, on_error="restart"))
+            counter = StepCounterService(self.save_summaries_secs, tag=self._rate_tag())
+            regs.append(register(counter, on_error="restart"))
+        if standard and self.step_timeout_secs is not None:
             regs.append(register(WatchdogService(self.step_timeout_secs)))
-        return regs
+        return [*regs, *self._services]
 
-    def _make_loop(
-        self,
-        interval_secs: float,
-        target: Callable[..., Any],
-        args: tuple[Any, ...],
-        kwargs: dict[str, Any],
-    ) -> Any:
-        from .services import LoopService
-
-        return LoopService(interval_secs, target, args, kwargs)
+    def _rate_tag(self) -> str:
+        """``global_step/sec``, or named after the user's step variable, as TF does."""
+        if self.owns_global_step:
+            return "global_step/sec"
+        name = str(getattr(self.global_step, "name", "global_step")).split(":")[0]
+        return f"{name}/sec"
 
     # -- services -----------------------------------------------------------
 
@@ -201,15 +198,15 @@ class Supervisor:
         self, interval_secs: float, target: Callable[..., Any], *args: Any, **kwargs: Any
     ) -> None:
         """In every session, call ``target`` at once and then every ``interval_secs``."""
-        self.add_service(self._make_loop(interval_secs, target, args, kwargs))
+        self.add_service(loop_service(interval_secs, target, args, kwargs))
 
     # -- stopping -----------------------------------------------------------
 
     def should_stop(self) -> bool:
-        return self.coord.should_stop()
+        return self._coord.should_stop()
 
     def request_stop(self, exc: BaseException | None = None) -> None:
-        self.coord.request_stop(exc)
+        self._coord.request_stop(exc)
 
     # -- the session ----------------------------------------------------------
 
@@ -225,20 +222,31 @@ class Supervisor:
 
         Leaving the block stops everything gracefully: see the README.
         """
+        from ._runtime import SessionRuntime
+
         check.boolean("wait_for_checkpoint", wait_for_checkpoint)
         check.non_negative("max_wait_secs", max_wait_secs)
         check.boolean("start_standard_services", start_standard_services)
         if self._open:
             raise RuntimeError("this Supervisor already has an open session")
-        self._open = True
+        coord, flag, route_to = session_coordinator()
+        runtime = SessionRuntime(self, coord, flag)
+        route_to(runtime.request_stop)
+        self._coord, self._runtime, self._open = coord, runtime, True
+        regs = self._registrations(start_standard_services)
         try:
-            life = Lifecycle(self)
-            async with life.running(
-                wait_for_checkpoint, max_wait_secs, start_standard_services
-            ) as sess:
+            async with runtime.running(wait_for_checkpoint, max_wait_secs, regs) as sess:
                 yield sess
         finally:
             self._open = False
+
+
+def loop_service(
+    interval_secs: float, target: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> Any:
+    from .services import LoopService
+
+    return LoopService(interval_secs, target, args, kwargs)
 
 
 def _check_logdir(logdir: Any) -> str | None:
@@ -342,16 +350,12 @@ def _make_global_step(variable: Any) -> tuple[Any, bool]:
     return variable, False
 
 
-def _make_checkpoint(checkpoint: Any) -> tf.train.Checkpoint:
+def _make_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:
     import tensorflow as tf
 
-    if checkpoint is None:
-        return tf.train.Checkpoint()
-    if isinstance(checkpoint, tf.train.Checkpoint):
-        return checkpoint
-    if isinstance(checkpoint, Mapping):
-        return tf.train.Checkpoint(**checkpoint)
-    raise ValueError(
-        "checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, "
-        f"not {checkpoint!r}"
-    )
+    if checkpoint is not None and not isinstance(checkpoint, (tf.train.Checkpoint, Mapping)):
+        raise ValueError(
+            "checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, "
+            f"not {checkpoint!r}"
+        )
+    return checkpoint_root(checkpoint, global_step)

@@ -7,13 +7,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from ._errors import NanLossError
-from ._hooks import Hook, RunContext
-from ._log import log
-from ._validate import exactly_one, non_negative_int, optional_positive, optional_positive_int
+from asupervisor import Hook, NanLossError, RunContext, logger
 
 if TYPE_CHECKING:
-    from ._session import ManagedSession
+    from asupervisor import ManagedSession
 
 __all__ = ["Hook", "LoggingHook", "NanLossHook", "RunContext", "StopAtStepHook"]
 
@@ -22,10 +19,9 @@ class StopAtStepHook(Hook):
     """Stop once the global step reaches ``last_step`` (or ``num_steps`` past the start)."""
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
-        exactly_one(num_steps=num_steps, last_step=last_step)
-        optional_positive_int("num_steps", num_steps)
-        if last_step is not None:
-            non_negative_int("last_step", last_step)
+        _exactly_one(num_steps=num_steps, last_step=last_step)
+        _whole("num_steps", num_steps, minimum=1)
+        _whole("last_step", last_step, minimum=0)
         self._num_steps = num_steps
         self._last_step = last_step
         self.last_step: int | None = last_step
@@ -40,7 +36,21 @@ class StopAtStepHook(Hook):
 
     def _check(self, session: ManagedSession) -> None:
         if self.last_step is not None and session.global_step >= self.last_step:
-            session._request_stop("step_limit")
+            session.request_stop(reason="step_limit")
+
+
+def _exactly_one(**named: object) -> None:
+    given = [name for name, value in named.items() if value is not None]
+    if len(given) != 1:
+        names = " or ".join(named)
+        raise ValueError(f"give exactly one of {names}, not {' and '.join(given) or 'neither'}")
+
+
+def _whole(name: str, value: Any, *, minimum: int) -> None:
+    if value is not None and (
+        isinstance(value, bool) or not isinstance(value, int) or value < minimum
+    ):
+        raise ValueError(f"{name} must be an int >= {minimum} or None, not {value!r}")
 
 
 def _loss_of(result: Any) -> Any:
@@ -62,17 +72,22 @@ class NanLossHook(Hook):
         message = f"NaN loss at global step {ctx.session.global_step}"
         if self.fail_on_nan:
             raise NanLossError(message)
-        log.error("step.nan", step=ctx.session.global_step)
-        ctx.session._request_stop("nan")
+        logger.error("step.nan", step=ctx.session.global_step)
+        ctx.session.request_stop(reason="nan")
 
 
 class LoggingHook(Hook):
     """Log the step and its result (``step.logged``) every N steps or every N seconds."""
 
     def __init__(self, every_n_steps: int | None = None, every_n_secs: float | None = None) -> None:
-        exactly_one(every_n_steps=every_n_steps, every_n_secs=every_n_secs)
-        optional_positive_int("every_n_steps", every_n_steps)
-        optional_positive("every_n_secs", every_n_secs)
+        _exactly_one(every_n_steps=every_n_steps, every_n_secs=every_n_secs)
+        _whole("every_n_steps", every_n_steps, minimum=1)
+        if every_n_secs is not None and (
+            isinstance(every_n_secs, bool)
+            or not isinstance(every_n_secs, (int, float))
+            or not 0 < every_n_secs < math.inf
+        ):
+            raise ValueError(f"every_n_secs must be a number > 0, not {every_n_secs!r}")
         self._every_steps = every_n_steps
         self._every_secs = every_n_secs
         self._last_time = -math.inf
@@ -86,7 +101,7 @@ class LoggingHook(Hook):
             due = now - self._last_time >= (self._every_secs or 0.0)
         if due:
             self._last_step, self._last_time = step, now
-            log.info("step.logged", step=step, **_loggable(result))
+            logger.info("step.logged", step=step, **_loggable(result))
 
 
 def _loggable(result: Any) -> dict[str, Any]:

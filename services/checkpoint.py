@@ -2,15 +2,16 @@
 
 from __future__ import annotations
 
-from asupervisor._session import ManagedSession
-from asupervisor._validate import positive
+from asupervisor import ManagedSession
+
+from ._checks import positive
 
 
 class CheckpointService:
     """Saves every ``interval_secs``; the final save on a clean stop is the session's.
 
-    The save runs as a job on the training thread, so it always captures the
-    state of one step boundary.
+    The save runs on the training thread at a step boundary, so it always captures
+    the state of one step boundary (in a multi-worker job, after an agreed step).
     """
 
     name = "checkpoint"
@@ -20,4 +21,4 @@ class CheckpointService:
 
     async def run(self, sess: ManagedSession) -> None:
         while not await sess.sleep_until_stop(self.interval_secs):
-            await sess.call(sess._timed_save)
+            await sess.save_checkpoint()

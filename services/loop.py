@@ -9,8 +9,9 @@ from typing import Any
 
 import anyio
 
-from asupervisor._session import ManagedSession
-from asupervisor._validate import positive
+from asupervisor import ManagedSession
+
+from ._checks import positive
 
 
 class LoopService:

@@ -9,8 +9,9 @@ from typing import Any, TextIO
 
 import anyio
 
-from asupervisor._session import ManagedSession
-from asupervisor._validate import optional_positive_int, positive
+from asupervisor import ManagedSession
+
+from ._checks import optional_positive_int, positive
 
 
 def _values(result: Any) -> str:
@@ -55,11 +56,11 @@ class ProgressService:
         step = f"step {sess.global_step}"
         if self.total_steps is not None:
             step += f"/{self.total_steps}"
-        ckpt = sess._checkpointer
+        last = sess.last_save
         since = None
-        if ckpt is not None and ckpt.last_saved_at is not None:
-            since = time.monotonic() - ckpt.last_saved_at
-        parts = [step, f"{rate:.1f} steps/s", _values(sess._last_result), _ago(since)]
+        if last is not None and last[1] is not None:
+            since = time.monotonic() - last[1]
+        parts = [step, f"{rate:.1f} steps/s", _values(sess.last_result), _ago(since)]
         return " | ".join(p for p in parts if p)
 
     async def run(self, sess: ManagedSession) -> None:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from asupervisor._log import log
-from asupervisor._session import ManagedSession
-from asupervisor._validate import positive
+from asupervisor import ManagedSession, logger
+
+from ._checks import positive
 
 
 class SummaryService:
@@ -25,7 +25,7 @@ class SummaryService:
         if not isinstance(values, Mapping):
             raise TypeError(f"summary_fn must return a mapping of tag to value, not {values!r}")
         sess.summary_computed(values)
-        log.debug("summary.written", step=sess.global_step, tags=sorted(values))
+        logger.debug("summary.written", step=sess.global_step, tags=sorted(values))
 
     async def run(self, sess: ManagedSession) -> None:
         while not await sess.sleep_until_stop(self.interval_secs):

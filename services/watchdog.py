@@ -7,10 +7,9 @@ import threading
 import time
 import traceback
 
-from asupervisor._errors import StepTimeout
-from asupervisor._log import log
-from asupervisor._session import ManagedSession
-from asupervisor._validate import positive
+from asupervisor import ManagedSession, StepTimeout, logger
+
+from ._checks import positive
 
 
 def thread_stacks() -> dict[str, str]:
@@ -23,8 +22,9 @@ def thread_stacks() -> dict[str, str]:
 
 
 class WatchdogService:
-    """Stops training with ``StepTimeout`` (reason ``timeout``) when one step runs
-    longer than ``timeout_secs``, after logging every thread's stack."""
+    """Stops training with ``StepTimeout`` (reason ``timeout``) when one job on the
+    training thread (a step with its hooks, a save, a call) runs longer than
+    ``timeout_secs``, after logging every thread's stack."""
 
     name = "watchdog"
 
@@ -35,13 +35,13 @@ class WatchdogService:
 
     async def run(self, sess: ManagedSession) -> None:
         while not await sess.sleep_until_stop(self.check_every):
-            running = sess._step_running_since()
+            running = sess.job_in_flight()
             if running is None:
                 continue
             name, since = running
             elapsed = time.monotonic() - since
             if elapsed > self.timeout_secs:
-                log.error(
+                logger.error(
                     "step.timeout",
                     step=sess.global_step,
                     job=name,
@@ -53,5 +53,5 @@ class WatchdogService:
                     f"step {name!r} has run {elapsed:.1f} s, longer than "
                     f"step_timeout_secs={self.timeout_secs}"
                 )
-                sess._coord._request(error, "timeout")
+                sess.request_stop(error, reason="timeout")
                 return

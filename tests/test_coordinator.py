@@ -34,7 +34,12 @@ def test_error_after_a_plain_stop_still_counts() -> None:
 
 
 @pytest.mark.parametrize(
-    "clean", [tf.errors.OutOfRangeError(None, None, "end"), StopIteration(), StopAsyncIteration()]
+    "clean",
+    [
+        tf.errors.OutOfRangeError(None, None, "End of sequence"),
+        StopIteration(),
+        StopAsyncIteration(),
+    ],
 )
 def test_clean_stop_types_stop_without_an_error(clean: BaseException) -> None:
     coord = asv.Coordinator()
@@ -42,6 +47,15 @@ def test_clean_stop_types_stop_without_an_error(clean: BaseException) -> None:
     assert coord.should_stop() and coord.reason == "end_of_data"
     coord.raise_requested_exception()  # nothing to raise
     assert coord.error is None
+
+
+def test_an_out_of_range_error_from_a_failed_write_is_an_error_not_end_of_data() -> None:
+    # TF reports a write beyond the disk's size limit (EFBIG) as OutOfRangeError:
+    # taken as "end of data", a full disk would end a run with exit 0.
+    coord = asv.Coordinator()
+    disk_full = tf.errors.OutOfRangeError(None, None, "events.out.tfevents: File too large")
+    coord.request_stop(disk_full)
+    assert coord.error is disk_full and coord.reason == "exception"
 
 
 def test_custom_clean_stop_types() -> None:

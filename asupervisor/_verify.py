@@ -1,0 +1,93 @@
+"""Is a checkpoint whole, and does it fit the objects it would be restored into?
+
+Verification reads every tensor back, so a truncated or corrupt data file is
+caught before a restore trusts it; the shape and top-level checks name what does
+not match a model, instead of restoring part of it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def verify_checkpoint(prefix: str) -> str | None:
+    """``None`` if the checkpoint at ``prefix`` reads back whole, else why it does not.
+
+    Every tensor is read, so a truncated or corrupt data file is caught, not only
+    a missing index. Variant tensors (a tf.data iterator's state) have no numpy
+    form to read them into; the index still vouches for them.
+    """
+    import tensorflow as tf
+
+    try:
+        reader = tf.train.load_checkpoint(prefix)
+        for name, dtype in reader.get_variable_to_dtype_map().items():
+            if dtype not in (tf.variant, tf.resource):
+                reader.get_tensor(name)
+    except Exception as exc:  # TF reports damage with several error types
+        first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return f"{type(exc).__name__}: {first_line}"[:300]
+    return None
+
+
+def _holds_state(obj: Any) -> bool:
+    """Whether ``obj`` or anything it tracks has a value a checkpoint would save."""
+    import tensorflow as tf
+
+    for node in tf.train.TrackableView(obj).descendants():
+        if (
+            isinstance(node, tf.Variable)
+            or hasattr(node, "assign")
+            or "Iterator" in type(node).__name__
+        ):
+            return True
+    return False
+
+
+def shape_differences(checkpoint: Any, path: str) -> list[str]:
+    """``"name: checkpoint (3,), model (5,)"`` for every variable whose shape differs.
+
+    Variables are named by their first path from the root, breadth first, as TF
+    names them when it saves.
+    """
+    import tensorflow as tf
+
+    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    view = tf.train.TrackableView(checkpoint)
+    seen, queue, found = {id(checkpoint)}, [(checkpoint, "")], []
+    while queue:
+        obj, prefix = queue.pop(0)
+        for name, child in view.children(obj).items():
+            if id(child) in seen:
+                continue
+            seen.add(id(child))
+            child_path = f"{prefix}{name}"
+            key = f"{child_path}/.ATTRIBUTES/VARIABLE_VALUE"
+            shape = getattr(child, "shape", None)
+            if key in saved and shape is not None and list(shape) != saved[key]:
+                found.append(f"{child_path}: checkpoint {tuple(saved[key])}, model {tuple(shape)}")
+            queue.append((child, child_path + "/"))
+    return found
+
+
+def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[str]]:
+    """The top-level names only the model has (with state), and only the checkpoint has.
+
+    The names come from the object graph saved in the checkpoint, not from the
+    tensors' keys: TF names a value by its first path in the graph, so a model's
+    variables may be saved under the optimizer that also tracks them.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+        tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    )
+    saved = {child.local_name for child in graph.nodes[0].children}
+    live = tf.train.TrackableView(checkpoint).children(checkpoint)
+    saved.discard("save_counter")  # the Checkpoint's own counter, created on first save
+    missing = sorted(
+        n for n, obj in live.items() if n not in saved and n != "save_counter" and _holds_state(obj)
+    )
+    unexpected = sorted(n for n in saved if n not in live)
+    return missing, unexpected
