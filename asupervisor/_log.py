@@ -34,6 +34,14 @@ class EventLogger:
     """``log.info("checkpoint.saved", step=5)``; also ``debug``, ``warning``, ``error``."""
 
     def _emit(self, level: int, event: str, fields: dict[str, Any]) -> None:
+        # A log call must never break training or a stop: an output pipe closed
+        # under a piped run (`make demo | tee log`, then Ctrl-C) makes it raise.
+        try:
+            self._write(level, event, fields)
+        except Exception:
+            pass
+
+    def _write(self, level: int, event: str, fields: dict[str, Any]) -> None:
         if structlog.is_configured():
             method = logging.getLevelName(level).lower()
             getattr(structlog.get_logger("asupervisor"), method)(event, **fields)

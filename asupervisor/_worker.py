@@ -103,6 +103,8 @@ class Job:
             self.result = self.fn(*self.args, **self.kwargs)
         except BaseException as exc:  # handed to the waiter, never lost
             self.error = exc
+
+    def done(self) -> None:
         if self.notify is not None:
             self.notify()
 
@@ -158,15 +160,16 @@ class TrainingThread:
             job.execute()
         finally:
             self.current, self.started_at = outer
+        job.done()  # after `current` is cleared: a waiter woken sees the thread idle
 
     def _main(self) -> None:
         while True:
             job = self._jobs.get()
             if job is None or self.closed:
-                if job is not None and job.notify is not None:
+                if job is not None:
                     job.skipped = True
                     job.error = Fenced("the session has closed")
-                    job.notify()
+                    job.done()
                 if job is None:
                     return
                 continue

@@ -1,0 +1,304 @@
+"""The stop path: one owner per session, fenced threads, grace from draining, no silent loss.
+
+Each test pins one scenario that was reproduced against the earlier runtime
+(issue 11). Timings are bound by what happened, not by wall-clock figures.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor.hooks import StopAtStepHook
+from tests.conftest import Pair, named
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def make(logdir: str | None, pair: Pair, **kwargs: Any) -> asv.Supervisor:
+    kwargs.setdefault("save_model_secs", 0)
+    kwargs.setdefault("save_model_steps", 1000)
+    kwargs.setdefault("save_summaries_secs", 0)
+    kwargs.setdefault("handle_signals", False)
+    kwargs.setdefault("stop_grace_secs", 0.3)
+    return asv.Supervisor(logdir, checkpoint={"p": pair}, **kwargs)
+
+
+def saved_step(path: str) -> int:
+    return int(tf.train.load_checkpoint(path).get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
+
+
+class CountingHook(asv.Hook):
+    def __init__(self) -> None:
+        self.after_runs = 0
+        self.saves: list[int] = []
+
+    def after_run(self, ctx: asv.RunContext, result: Any) -> None:
+        self.after_runs += 1
+
+    def after_save(self, session: asv.ManagedSession, step: int, path: str) -> bool:
+        self.saves.append(step)
+        return False
+
+
+async def test_an_abandoned_step_acts_no_more_when_it_finally_returns(logdir: str) -> None:
+    pair, hook = Pair(), CountingHook()
+    sv = make(logdir, pair, hooks=[hook], save_model_steps=1)
+    release, threads = threading.Event(), []
+
+    def stuck(sess: asv.ManagedSession) -> None:
+        threads.append(threading.current_thread())
+        sess.request_stop()  # the stop comes while this step runs, and it outlives the grace
+        release.wait()
+        pair.step()
+
+    with pytest.raises(asv.GracePeriodExpired, match="stuck"):
+        async with sv.session() as sess:
+            await sess.run(pair.step)
+            await sess.run(stuck, sess)
+    runs_before, saves_before = hook.after_runs, list(hook.saves)
+    release.set()
+    threads[0].join(30)
+    assert not threads[0].is_alive()
+    # It returned, but ran no hook, wrote no checkpoint, and asked the next session nothing.
+    assert hook.after_runs == runs_before and hook.saves == saves_before
+    async with sv.session() as sess:
+        for _ in range(3):
+            await sess.run(pair.step)
+        assert not sess.should_stop()
+    assert sess.stop_reason == "requested"
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest.endswith(f"model.ckpt-{sess.global_step}")
+    for name in os.listdir(logdir):
+        if name.endswith(".index"):
+            prefix = os.path.join(logdir, name[: -len(".index")])
+            assert saved_step(prefix) == int(prefix.rsplit("-", 1)[1])  # no mislabelled file
+
+
+async def test_an_idle_thread_is_never_stuck_and_the_final_save_happens(logdir: str) -> None:
+    pair = Pair()
+    sv = make(logdir, pair, hooks=[StopAtStepHook(last_step=5)], stop_grace_secs=0.5)
+    async with sv.session() as sess:
+        while not sess.should_stop():
+            await sess.run(pair.step)
+        await sess.call(time.sleep, 1.0)  # a final evaluation, longer than the grace
+        await anyio.sleep(0.6)
+    assert sess.stop_reason == "step_limit"
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-5")
+
+
+async def test_a_grace_of_zero_does_not_wait_and_does_not_fail(logdir: str) -> None:
+    pair = Pair()
+    sv = make(logdir, pair, stop_grace_secs=0)
+    async with sv.session() as sess:
+        for _ in range(3):
+            await sess.run(pair.step)
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-3")
+
+
+async def test_a_hung_hook_is_bounded_by_the_watchdog_and_the_grace(logdir: str) -> None:
+    pair, finished = Pair(), threading.Event()
+
+    class Hangs(asv.Hook):
+        def after_run(self, ctx: asv.RunContext, result: Any) -> None:
+            if ctx.step == 2:
+                time.sleep(8)
+                finished.set()
+
+    sv = make(logdir, pair, hooks=[Hangs()], step_timeout_secs=0.5, stop_grace_secs=0.3)
+    with pytest.raises(asv.StepTimeout):
+        async with sv.session() as sess:
+            while True:
+                await sess.run(pair.step)
+    assert not finished.is_set(), "the session waited for the hung hook to return"
+
+
+async def test_steps_after_a_stop_are_refused_and_the_session_ends_cleanly(logdir: str) -> None:
+    pair = Pair()
+    sv = make(logdir, pair, hooks=[StopAtStepHook(last_step=3)])
+    refused: list[str] = []
+    async with sv.session() as sess:
+        try:
+            for _ in range(10):  # a loop that never asks should_stop()
+                await sess.run(pair.step)
+        except asv.SessionStopped as exc:
+            refused.append(str(exc))
+            raise
+    assert refused and "step_limit" in refused[0]
+    assert float(pair.a.numpy()) == 3.0 and sess.global_step == 3
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-3")
+
+
+async def test_state_is_saved_when_the_global_step_never_moves(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    pair = Pair()
+    forgotten = tf.Variable(0, dtype=tf.int64)  # the user forgot to advance it
+    sv = make(logdir, pair, global_step=forgotten)
+    async with sv.session() as sess:
+        for _ in range(50):
+            await sess.run(pair.step)
+    assert len(named(events, "step.not_advancing")) == 1
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest.endswith("model.ckpt-0")
+    reader = tf.train.load_checkpoint(latest)
+    assert reader.get_tensor("p/a/.ATTRIBUTES/VARIABLE_VALUE") == 50.0  # the trained state
+
+
+async def test_a_supervisor_leaves_the_users_checkpoint_unchanged(logdir: str) -> None:
+    pair = Pair()
+    ckpt = tf.train.Checkpoint(p=pair)
+    for attempt in range(2):  # a retry loop, or a notebook cell run twice
+        sv = asv.Supervisor(
+            logdir, checkpoint=ckpt, save_model_secs=0, save_model_steps=100, handle_signals=False
+        )
+        async with sv.session() as sess:
+            await sess.run(pair.step)
+        assert sess.restore_report.step == attempt
+    assert not hasattr(ckpt, "global_step")
+
+
+async def test_settings_cannot_change_behind_validations_back(logdir: str) -> None:
+    sv = make(logdir, Pair())
+    with pytest.raises(AttributeError, match="fixed at construction"):
+        sv.stop_grace_secs = -1  # type: ignore[misc]
+
+
+async def test_overlapping_sessions_restore_signal_handlers_exactly(logdir: str) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed only in the main thread")
+    original = signal.getsignal(signal.SIGTERM)
+    first, second = Pair(), Pair()
+    a = make(logdir + "-a", first, handle_signals=True)
+    b = make(logdir + "-b", second, handle_signals=True)
+    a_done = anyio.Event()
+
+    async def run_a() -> None:
+        async with a.session() as sess:
+            for _ in range(3):
+                await sess.run(first.step)
+        a_done.set()
+
+    async with anyio.create_task_group() as tg:
+        async with b.session() as sess:
+            tg.start_soon(run_a)
+            await a_done.wait()  # a ended first, under b
+            os.kill(os.getpid(), signal.SIGTERM)
+            while not sess.should_stop():
+                await sess.run(second.step)
+                await anyio.sleep(0.01)
+    assert sess.stop_reason == "signal"
+    assert signal.getsignal(signal.SIGTERM) == original
+
+
+async def test_a_waiting_non_chief_stops_on_sigterm(logdir: str) -> None:
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed only in the main thread")
+    sv = make(logdir, Pair(), is_chief=False, handle_signals=True, recovery_wait_secs=30)
+    started = time.monotonic()
+
+    async def terminate() -> None:
+        await anyio.sleep(0.3)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(terminate)
+        async with sv.session(wait_for_checkpoint=True, max_wait_secs=600) as sess:
+            assert sess.should_stop()
+    # The first poll waits 30 s; the stop came well before it would have ended.
+    assert time.monotonic() - started < 20
+    assert sess.stop_reason == "signal" and sess.restore_report.source == "interrupted"
+
+
+async def test_the_loop_never_stalls_while_a_session_closes_with_a_write_in_flight(
+    logdir: str,
+) -> None:
+    big = tf.Module()
+    big.w = [tf.Variable(tf.random.normal((12_500_000,))) for _ in range(4)]  # 200 MB
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"big": big},
+        async_checkpoint=True,
+        save_model_secs=0,
+        save_model_steps=1000,
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+    gaps: list[tuple[float, float]] = []  # (start of a heartbeat's sleep, how long it took)
+    closing: list[float] = []
+    stop = anyio.Event()
+
+    async def heartbeat() -> None:
+        while not stop.is_set():
+            began = time.perf_counter()
+            await anyio.sleep(0.005)
+            gaps.append((began, time.perf_counter() - began))
+
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(heartbeat)
+        with pytest.raises(RuntimeError, match="body fails"):
+            async with sv.session() as sess:
+                await sess.call(lambda: big.w[0].assign_add(tf.ones_like(big.w[0])))
+                await sess.save_checkpoint()  # a 200 MB background write starts
+                closing.append(time.perf_counter())
+                raise RuntimeError("body fails with the write in flight")
+        closing.append(time.perf_counter())
+        stop.set()
+    start, end = closing
+    during = [gap for began, gap in gaps if start <= began <= end]
+    assert during, "no heartbeat while the session closed"
+    # Joining the writer on the loop would stall it for the rest of the write: the
+    # whole close. Off the loop, no beat takes more than a small part of it.
+    assert max(during) < max(0.5 * (end - start), 0.1), (max(during), end - start)
+
+
+def test_a_failed_lock_write_leaves_nothing_held(tmp_path: Path) -> None:
+    script = textwrap.dedent(
+        """
+        import resource, signal, sys
+        from asupervisor._lock import LogdirLock
+
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        lock = LogdirLock(sys.argv[1])
+        resource.setrlimit(resource.RLIMIT_FSIZE, (0, resource.RLIM_INFINITY))
+        try:
+            lock.acquire()
+        except OSError as exc:
+            print("failed", exc.errno)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (resource.RLIM_INFINITY,) * 2)
+        LogdirLock(sys.argv[1]).acquire()  # not LogdirLockedError against ourselves
+        print("taken")
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60
+    )
+    assert done.stdout.split() == ["failed", "27", "taken"], done.stderr  # 27: EFBIG
+
+
+def test_a_symlink_in_the_locks_place_is_refused_not_followed(tmp_path: Path) -> None:
+    from asupervisor._lock import LogdirLock
+
+    victim = tmp_path / "victim"
+    victim.write_text("precious")
+    (tmp_path / LogdirLock.NAME).symlink_to(victim)
+    with pytest.raises(OSError, match="symlink"):
+        LogdirLock(str(tmp_path)).acquire()
+    assert victim.read_text() == "precious"
