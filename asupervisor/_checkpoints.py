@@ -78,6 +78,7 @@ class Checkpointer:
         self.basename = basename
         self.guard = guard or WriteGuard(None)
         self.last_saved_step: int | None = None
+        self.last_good_step: int | None = None  # the newest step saved (or restored) whole
         self.last_saved_at: float | None = None  # time.monotonic() of the last save
         self.failures = 0
         self.async_write = async_write
@@ -216,7 +217,7 @@ class Checkpointer:
 
     def _saved(self, step: int, path: str, seconds: float, blocked: float) -> None:
         self.failures = 0
-        self.last_saved_step = step
+        self.last_saved_step = self.last_good_step = step
         self.last_saved_at = time.monotonic()
         log.info(
             "checkpoint.saved",

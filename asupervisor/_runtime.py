@@ -405,7 +405,7 @@ class SessionRuntime:
         unsaved = self._unsaved()
         lost = (
             f"{unsaved} step(s) since the last checkpoint (step "
-            f"{self.checkpointer.last_saved_step if self.checkpointer else None}) were not saved"
+            f"{self.checkpointer.last_good_step if self.checkpointer else None}) were not saved"
         )
         if self.interrupted:
             raise KeyboardInterrupt(f"a second SIGINT: stopped at once; {lost}")

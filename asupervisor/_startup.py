@@ -166,7 +166,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     rt.stepper.last_save_step = step.value  # step schedules count from here, as TF's
     if path is not None:
         if rt.checkpointer is not None:
-            rt.checkpointer.last_saved_step = step.value
+            rt.checkpointer.last_saved_step = rt.checkpointer.last_good_step = step.value
         log.info(
             "checkpoint.restored",
             path=path,

@@ -133,7 +133,7 @@ async def test_a_lock_left_by_a_killed_process_does_not_block(logdir: str) -> No
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from asupervisor._checkpoints import LogdirLock\n"
+            "from asupervisor._lock import LogdirLock\n"
             f"LogdirLock({logdir!r}).acquire()\n"
             "print('locked', flush=True)\n"
             "time.sleep(60)\n",

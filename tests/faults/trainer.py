@@ -62,6 +62,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--async", dest="async_checkpoint", action="store_true")
     parser.add_argument("--megabytes", type=float, default=4.0)
     parser.add_argument("--pause", type=float, default=0.01, help="seconds between a and b")
+    parser.add_argument(
+        "--long-step", type=float, default=0.0, help="step 2 takes this long (a step in flight)"
+    )
     parser.add_argument("--max-steps", type=int, default=10**9)
     parser.add_argument("--fault", choices=FAULTS, default="none")
     return parser.parse_args()
@@ -104,7 +107,8 @@ async def main(args: argparse.Namespace) -> None:
                 for name in os.listdir(args.logdir):
                     if name.startswith("events.out"):
                         os.remove(os.path.join(args.logdir, name))
-            await sess.run(pair.step, args.pause)
+            long_step = args.long_step if sess.global_step == 1 else 0.0
+            await sess.run(pair.step, args.pause + long_step)
             print(f"step {sess.global_step}", flush=True)
     print(f"stopped {sess.global_step} {sess.stop_reason}", flush=True)
 

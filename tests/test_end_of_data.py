@@ -1,0 +1,176 @@
+"""End of data is a clean stop only when it comes from the data; every other end says what it lost."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from tests.conftest import Pair
+
+pytestmark = pytest.mark.anyio
+
+
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+def make(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
+    return asv.Supervisor(
+        logdir,
+        checkpoint={"p": pair},
+        save_model_secs=0,
+        save_model_steps=100,
+        save_summaries_secs=0,
+        handle_signals=False,
+        **kwargs,
+    )
+
+
+async def test_stop_iteration_from_a_step_is_a_clean_end_of_data(logdir: str) -> None:
+    pair = Pair()
+    it = iter(tf.data.Dataset.range(3))  # TF2's standard way to read data
+
+    def step() -> None:
+        next(it)
+        pair.step()
+
+    async with make(logdir, pair).session() as sess:
+        while not sess.should_stop():
+            await sess.run(step)
+    assert sess.stop_reason == "end_of_data" and sess.global_step == 3
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-3")
+
+
+async def test_run_reports_the_end_of_data_as_tfs_error(logdir: str) -> None:
+    pair = Pair()
+    seen: list[BaseException] = []
+    async with make(logdir, pair).session() as sess:
+        try:
+            await sess.run(next, iter([]))
+        except tf.errors.OutOfRangeError as exc:  # a StopIteration cannot cross into a coroutine
+            seen.append(exc)
+            raise
+    assert isinstance(seen[0].__cause__, StopIteration)
+    assert sess.stop_reason == "end_of_data"
+
+
+async def test_stop_iteration_from_a_hook_is_a_clean_end_of_data(logdir: str) -> None:
+    pair = Pair()
+    feed = iter(range(4))
+
+    class Feeds(asv.Hook):
+        def before_run(self, ctx: asv.RunContext) -> None:
+            next(feed)
+
+    async with make(logdir, pair, hooks=[Feeds()]).session() as sess:
+        while not sess.should_stop():
+            await sess.run(pair.step)
+    assert sess.stop_reason == "end_of_data" and sess.global_step == 4
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-4")
+
+
+async def test_an_iterator_inside_a_tf_function_ends_cleanly(logdir: str) -> None:
+    pair = Pair()
+    it = iter(tf.data.Dataset.range(5))
+
+    @tf.function
+    def step() -> tf.Tensor:
+        pair.a.assign_add(tf.cast(next(it), tf.float32))
+        return pair.a
+
+    async with make(logdir, pair).session() as sess:
+        while not sess.should_stop():
+            await sess.run(step)
+    assert sess.stop_reason == "end_of_data" and sess.global_step == 5
+
+
+async def test_an_end_of_data_error_from_a_hooks_end_is_an_error(logdir: str) -> None:
+    pair = Pair()
+    failure = tf.errors.OutOfRangeError(None, None, "End of sequence")
+
+    class FailsAtEnd(asv.Hook):
+        def end(self, session: asv.ManagedSession) -> None:
+            raise failure
+
+    with pytest.raises(tf.errors.OutOfRangeError) as raised:
+        async with make(logdir, pair, hooks=[FailsAtEnd()]).session() as sess:
+            await sess.run(pair.step)
+    assert raised.value is failure
+    assert sess.stop_reason == "exception"
+
+
+FULL_DISK = textwrap.dedent(
+    """
+    import os, resource, signal, sys
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # a write fails instead of killing us
+    mode, logdir = sys.argv[1], sys.argv[2]
+    big = tf.Variable(tf.zeros([256, 1024]))  # 1 MiB: a checkpoint no longer fits
+
+    @tf.function
+    def step():
+        big.assign_add(tf.ones([256, 1024]))
+        if mode == "summaries":
+            tf.summary.histogram("big", big)
+            tf.summary.flush()
+
+    async def main() -> None:
+        sv = asv.Supervisor(logdir, checkpoint={"big": big}, save_model_secs=0,
+                            save_model_steps=5, save_summaries_secs=0)
+        async with sv.session() as sess:
+            while not sess.should_stop() and sess.global_step < 2000:
+                await sess.run(step)
+                if sess.global_step == 12:
+                    resource.setrlimit(resource.RLIMIT_FSIZE, (256 * 1024, 256 * 1024))
+                    if mode == "final":
+                        os.kill(os.getpid(), signal.SIGTERM)  # stop: the final save fails
+        print("ended", sess.global_step, sess.stop_reason, flush=True)
+
+    anyio.run(main)
+    """
+)
+
+
+def run_full_disk(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK)
+    return subprocess.run(
+        [sys.executable, str(script), mode, str(tmp_path / "run")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+
+@pytest.mark.slow
+def test_a_failed_final_save_is_an_error_not_exit_zero(tmp_path: Path) -> None:
+    done = run_full_disk(tmp_path, "final")
+    assert done.returncode != 0, done.stdout
+    assert "ended" not in done.stdout
+    # The SIGTERM is handled at the next tick of the loop: step 12 or one after it.
+    assert re.search(
+        r"asupervisor.CheckpointSaveError: the final checkpoint at step 1[2-4] ", done.stderr
+    )
+    assert re.search(r"step\(s\) since the last checkpoint \(step 10\) were not saved", done.stderr)
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("model.ckpt-10")
+
+
+@pytest.mark.slow
+def test_a_full_disk_under_summaries_is_an_error_not_end_of_data(tmp_path: Path) -> None:
+    done = run_full_disk(tmp_path, "summaries")
+    assert done.returncode != 0, done.stdout
+    assert "end_of_data" not in done.stdout + done.stderr
+    assert "OutOfRangeError" in done.stderr or "ResourceExhausted" in done.stderr, done.stderr
