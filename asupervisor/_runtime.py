@@ -14,21 +14,21 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from . import _startup
+from . import _shutdown, _startup
 from ._checkpoints import Checkpointer, RestoreReport
-from ._errors import GracePeriodExpired, SessionStopped, StepTimeout
+from ._errors import SessionStopped
 from ._lock import LogdirLock, WriteGuard
 from ._log import log
 from ._services import Registration, ServiceGroup
-from ._signals import SignalListener, redeliver
+from ._signals import SignalListener
 from ._steps import GlobalStep, Stepper
-from ._stopping import Phase, StopFlag, describe_error, end_of_data_error, is_end_of_data
+from ._stopping import Phase, StopFlag, end_of_data_error, is_end_of_data
 from ._summaries import EventsFile
 from ._worker import Fenced, Job, TrainingThread, loop_caller
 
@@ -231,8 +231,8 @@ class SessionRuntime:
                 self.cancelled = exc
         finally:
             with anyio.CancelScope(shield=True):
-                await self._close()
-        self._raise_outcome()
+                await _shutdown.close(self)
+        _shutdown.raise_outcome(self)
 
     def _service_failed(self, exc: BaseException) -> None:
         self.flag.set(exc, "requested", failure=True)
@@ -365,69 +365,6 @@ class SessionRuntime:
         if self.checkpointer is not None:
             self.checkpointer.wait_for_write()  # the final save is on disk when we return
             self.after_step()
-
-    async def _close(self) -> None:
-        """Close what the session opened, off the event loop and bounded; the lock goes
-        last, once nothing of the session can still write."""
-        self.phase = Phase.CLOSING
-        self.flag.unbind()
-        if self.signals is not None:
-            self.signals.restore()
-        self.thread.stop()  # jobs still queued are dropped; a running one is fenced
-        wait = 0.0 if self.interrupted else max(self.grace_left(), 0.1)
-        await _off_loop(self.events.close, wait)
-        if self.agreement is not None:
-            await _off_loop(self.agreement.close, wait)
-        checkpointer = self.checkpointer
-        if checkpointer is not None:
-            done = await _off_loop(checkpointer.wait_for_write, wait, wait)
-            if not done and self.flag.error is None:
-                log.error("checkpoint.write_unfinished", grace_secs=self.sv.stop_grace_secs)
-        self.guard.close()
-        if self.stuck is None and not self.interrupted:
-            await _off_loop(self.thread.join, wait, wait)
-        self.phase = Phase.CLOSED
-        with contextlib.suppress(Exception):
-            log.info(
-                "session.stopped",
-                step=self.step.value,
-                reason=self.flag.reason,
-                error=describe_error(self.flag.error),
-                stuck_step=self.stuck,
-                unsaved_steps=self._unsaved(),
-            )
-
-    def _unsaved(self) -> int:
-        return self.stepper.steps_since_save if self.sv.checkpointing else 0
-
-    def _raise_outcome(self) -> None:
-        redeliver(self.late_signals)
-        unsaved = self._unsaved()
-        lost = (
-            f"{unsaved} step(s) since the last checkpoint (step "
-            f"{self.checkpointer.last_good_step if self.checkpointer else None}) were not saved"
-        )
-        if self.interrupted:
-            raise KeyboardInterrupt(f"a second SIGINT: stopped at once; {lost}")
-        if self.cancelled is not None:
-            raise self.cancelled
-        error: Any = self.flag.error
-        if self.stuck is not None and not isinstance(error, StepTimeout):
-            raise GracePeriodExpired(
-                f"{self.stuck!r} was still running {self.sv.stop_grace_secs} s "
-                f"(stop_grace_secs) after the stop; no final checkpoint was written: {lost}"
-            ) from error
-        if error is not None:
-            if unsaved and hasattr(error, "add_note"):
-                error.add_note(f"asupervisor: {lost}")
-            raise error
-
-
-async def _off_loop(fn: Callable[..., Any], timeout: float, *args: Any) -> Any:
-    """Run blocking ``fn`` in a worker thread, waiting at most ``timeout`` seconds."""
-    with anyio.move_on_after(timeout):
-        return await anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True)
-    return None
 
 
 def _nothing() -> None:

@@ -69,6 +69,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=0.5,
         help="seconds between TensorBoard summaries (default: %(default)s)",
     )
+    parser.add_argument(
+        "--stop-after-first-save",
+        action="store_true",
+        help="ask for a stop from an after_save hook, which runs on the chief only: shows "
+        "that a stop asked on one worker stops every worker after the same step",
+    )
     args = parser.parse_args(argv)
     if args.steps <= 0 or args.global_batch_size <= 0:
         parser.error("--steps and --global-batch-size must be positive")
@@ -256,6 +262,12 @@ async def train(args: argparse.Namespace, tf: Any) -> int:
     configure_logging(worker)
     training = Training(tf, strategy, args.global_batch_size)
 
+    class StopAfterFirstSave(asv.Hook):
+        def after_save(self, session: asv.ManagedSession, step: int, path: str) -> bool:
+            return step > session.restore_report.step  # the first save after the start
+
+    stop_after_first_save = [StopAfterFirstSave()] if args.stop_after_first_save else []
+
     sv = asv.Supervisor(
         args.logdir,
         checkpoint={"model": training.model, "optimizer": training.optimizer},
@@ -264,7 +276,7 @@ async def train(args: argparse.Namespace, tf: Any) -> int:
         save_model_secs=args.save_secs,
         save_summaries_secs=args.summary_secs,
         summary_fn=training.summaries,
-        hooks=[StopAtStepHook(num_steps=args.steps)],
+        hooks=[StopAtStepHook(num_steps=args.steps), *stop_after_first_save],
         stop_grace_secs=30,
     )
 

@@ -1,4 +1,4 @@
-"""End of data is a clean stop only when it comes from the data; every other end says what it lost."""
+"""End of data stops cleanly only when it comes from the data; any other end says what it lost."""
 
 from __future__ import annotations
 

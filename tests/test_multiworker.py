@@ -169,6 +169,21 @@ def test_sigterm_to_the_non_chief_stops_both_at_one_step_with_a_final_checkpoint
     assert both_exited < 30
 
 
+def test_a_stop_asked_on_the_chief_alone_stops_every_worker_after_one_step(
+    tmp_path: Path, scratch: Path
+) -> None:
+    """An after_save hook runs on the chief only; its stop request is agreed by both."""
+    logdir = tmp_path / "run"
+    job = start_job(
+        logdir, scratch, "--steps", "1000000", "--save-secs", "0.5", "--stop-after-first-save"
+    )
+    codes = finish(job, timeout=120)
+    assert codes == [0, 0], job[1].output[-3000:]
+    (step0, reason0), (step1, reason1) = (w.stopped_at() for w in job)
+    assert reason0 == reason1 == "requested" and step0 == step1
+    assert checkpoint_steps(logdir)[-1] == step0
+
+
 @pytest.mark.parametrize("victim", [1, 0], ids=["non-chief killed", "chief killed"])
 def test_sigkill_of_a_worker_ends_the_other_cleanly_and_the_job_resumes(
     tmp_path: Path, scratch: Path, victim: int
