@@ -2,7 +2,7 @@
 
     python examples/digits.py --logdir runs/digits          # trains 3000 steps
     python examples/digits.py --logdir runs/digits          # resumes, 3000 more
-    tensorboard --logdir runs/digits                        # loss, accuracy, steps/s
+    python -m tensorboard.main --logdir runs/digits         # loss, accuracy, steps/s
 
 The data set is scikit-learn's 8x8 digits (shipped inside the package: no
 download). The checkpoint holds the model, the optimizer and the input
@@ -38,16 +38,12 @@ def import_tensorflow_quietly() -> Any:
     return tf
 
 
-tf = import_tensorflow_quietly()
-
-import anyio  # noqa: E402
-import keras  # noqa: E402
-import structlog  # noqa: E402
-from sklearn.datasets import load_digits  # noqa: E402
-
-import asupervisor as asv  # noqa: E402
-from asupervisor.hooks import StopAtStepHook  # noqa: E402
-from asupervisor.services import ProgressService  # noqa: E402
+def tensorboard_command(logdir: str) -> str:
+    """The command that starts TensorBoard with the Python that runs this demo."""
+    script = os.path.join(os.path.dirname(sys.executable), "tensorboard")
+    if os.path.exists(script):
+        return f"{os.path.relpath(script)} --logdir {logdir}"
+    return f"{sys.executable} -m tensorboard.main --logdir {logdir}"
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -90,6 +86,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def configure_logging() -> None:
     """The application decides where the library's events go: here, short lines on stdout."""
+    import structlog
+
     render = structlog.dev.ConsoleRenderer(colors=False)
     # On a terminal, clear the progress line before a log line is printed over it.
     clear = "\r\x1b[K" if sys.stdout.isatty() else ""
@@ -107,7 +105,9 @@ def configure_logging() -> None:
     )
 
 
-def load_data(batch_size: int) -> tuple[Any, tuple[Any, Any]]:
+def load_data(tf: Any, batch_size: int) -> tuple[Any, tuple[Any, Any]]:
+    from sklearn.datasets import load_digits
+
     digits = load_digits()
     x = (digits.data / 16.0).astype("float32")
     y = digits.target.astype("int64")
@@ -122,7 +122,14 @@ def load_data(batch_size: int) -> tuple[Any, tuple[Any, Any]]:
 
 
 async def main(args: argparse.Namespace) -> None:
-    train, (x_test, y_test) = load_data(args.batch_size)
+    tf = import_tensorflow_quietly()  # after the arguments: --help answers at once
+    import keras
+
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+    from asupervisor.services import ProgressService
+
+    train, (x_test, y_test) = load_data(tf, args.batch_size)
     batches = iter(train)
     model = keras.Sequential(
         [
@@ -207,12 +214,14 @@ async def main(args: argparse.Namespace) -> None:
     print(
         f"stopped at step {sess.global_step} ({sess.stop_reason}); test accuracy {accuracy:.3f}\n"
         f"latest checkpoint: {tf.train.latest_checkpoint(args.logdir)}\n"
-        f"TensorBoard: tensorboard --logdir {args.logdir}",
+        f"TensorBoard: {tensorboard_command(args.logdir)}",
         flush=True,
     )
 
 
 if __name__ == "__main__":
     arguments = parse_args()
+    import anyio
+
     configure_logging()
     anyio.run(main, arguments)

@@ -60,13 +60,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument(
         "--save-secs",
         type=float,
-        default=1.0,
+        default=10.0,
         help="seconds between checkpoints, on the chief's clock (default: %(default)s)",
     )
     parser.add_argument(
         "--summary-secs",
         type=float,
-        default=0.5,
+        default=5.0,
         help="seconds between TensorBoard summaries (default: %(default)s)",
     )
     parser.add_argument(
@@ -282,9 +282,11 @@ async def train(args: argparse.Namespace, tf: Any) -> int:
 
     @sv.service
     async def report(sess: asv.ManagedSession) -> None:
-        """Progress, once a second: step, loss and this job's speed."""
+        """Progress every 5 s, from the chief only: the workers step together."""
+        if not sv.is_chief:
+            return
         first, started = sess.global_step, time.monotonic()
-        while not await sess.sleep_until_stop(1.0):
+        while not await sess.sleep_until_stop(5.0):
             rate = (sess.global_step - first) / (time.monotonic() - started)
             print(f"[{worker}] step {sess.global_step:6d}  {rate:7.1f} steps/s", flush=True)
 
