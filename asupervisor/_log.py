@@ -15,6 +15,7 @@ name and key=value fields, and goes:
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from typing import Any
 
 import structlog
@@ -31,12 +32,33 @@ def _render(event: str, fields: dict[str, Any]) -> str:
 
 
 class EventLogger:
-    """``log.info("checkpoint.saved", step=5)``; also ``debug``, ``warning``, ``error``."""
+    """``log.info("checkpoint.saved", step=5)``; also ``debug``, ``warning``, ``error``.
+
+    ``before_emit(callback)`` registers a callback run before each event that will be
+    shown (a live progress line erases itself there, so no log line is appended to it).
+    """
+
+    def __init__(self) -> None:
+        self._before: list[Callable[[], None]] = []
+
+    def before_emit(self, callback: Callable[[], None]) -> Callable[[], None]:
+        """Run ``callback()`` before each event is emitted; returns a function that undoes it."""
+        self._before.append(callback)
+
+        def remove() -> None:
+            if callback in self._before:
+                self._before.remove(callback)
+
+        return remove
 
     def _emit(self, level: int, event: str, fields: dict[str, Any]) -> None:
         # A log call must never break training or a stop: an output pipe closed
         # under a piped run (`make demo | tee log`, then Ctrl-C) makes it raise.
         try:
+            if not structlog.is_configured() and not _stdlib.isEnabledFor(level):
+                return
+            for callback in list(self._before):
+                callback()
             self._write(level, event, fields)
         except Exception:
             pass

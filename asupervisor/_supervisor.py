@@ -257,6 +257,13 @@ def _check_logdir(logdir: Any) -> str | None:
     path = os.fspath(logdir)
     if not isinstance(path, str):
         raise ValueError(f"logdir must be a text path, not {logdir!r}")
+    if "://" in path:
+        # Locking, fsync, listing and removal are POSIX file operations here: on an
+        # object store every save would fail, and a local directory "gs:" would appear.
+        raise ValueError(
+            f"logdir {path!r}: object-store logdirs (gs://, s3://, ...) are not supported "
+            "yet; use a local or mounted file system path"
+        )
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"logdir {path!r} exists and is not a directory")
     return path

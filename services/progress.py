@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Mapping
 from typing import Any, TextIO
 
 import anyio
 
-from asupervisor import ManagedSession
+from asupervisor import ManagedSession, logger
 
 from ._checks import optional_positive_int, positive
 
@@ -67,17 +68,29 @@ class ProgressService:
         stream = self.stream or sys.stderr
         if not stream.isatty():
             return
+        drawn = threading.Lock()  # events are logged from other threads too
+
+        def erase() -> None:
+            """Before a log line is printed: clear ours, so the two never share a line."""
+            with drawn:
+                stream.write("\r\x1b[K")
+                stream.flush()
+
+        remove = logger.before_emit(erase)
         last_step, last_time = sess.global_step, anyio.current_time()
         rate = 0.0
         stopping = False
-        while not stopping:
-            stopping = await sess.sleep_until_stop(self.interval_secs)
-            now, step = anyio.current_time(), sess.global_step
-            if now > last_time:
-                rate = (step - last_step) / (now - last_time)
-            last_step, last_time = step, now
-            # \r and "erase to end of line": the line is redrawn in place.
-            stream.write("\r" + self.line(sess, rate) + "\x1b[K")
-            stream.flush()
+        try:
+            while not stopping:
+                stopping = await sess.sleep_until_stop(self.interval_secs)
+                now, step = anyio.current_time(), sess.global_step
+                if now > last_time:
+                    rate = (step - last_step) / (now - last_time)
+                last_step, last_time = step, now
+                with drawn:  # \r and "erase to end of line": the line is redrawn in place
+                    stream.write("\r" + self.line(sess, rate) + "\x1b[K")
+                    stream.flush()
+        finally:
+            remove()
         stream.write("\n")
         stream.flush()

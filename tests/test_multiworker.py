@@ -112,7 +112,9 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
     tmp_path: Path, scratch: Path
 ) -> None:
     logdir = tmp_path / "run"
-    job = start_job(logdir, scratch, "--steps", "300", "--save-secs", "0.3")
+    job = start_job(
+        logdir, scratch, "--steps", "300", "--save-secs", "0.3", "--summary-secs", "0.5"
+    )
     assert finish(job) == [0, 0], job[1].output[-3000:]
     assert [w.stopped_at() for w in job] == [(300, "step_limit")] * 2
     # Every timed save was agreed and taken by both workers at the same step.

@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import io
+import logging
 import os
 import pty
 import select
 
 import anyio
 import pytest
+import structlog
 
 import asupervisor as asv
 from asupervisor.services import ProgressService
@@ -60,3 +62,44 @@ async def test_nothing_is_drawn_into_a_pipe_or_file() -> None:
             await sess.run(lambda: {"loss": 1.0})
             await anyio.sleep(0.02)
     assert stream.getvalue() == ""
+
+
+async def test_a_log_line_never_lands_on_the_progress_line(logdir: str, pair: Pair) -> None:
+    master, slave = pty.openpty()
+    terminal = os.fdopen(slave, "w")
+    handler = logging.StreamHandler(terminal)  # the application logs to the same terminal
+    library = logging.getLogger("asupervisor")
+    library.addHandler(handler)
+    library.setLevel(logging.INFO)
+    chunks: list[str] = []
+    try:
+        sv = asv.Supervisor(
+            logdir,
+            checkpoint={"p": pair},
+            save_model_secs=0.1,  # checkpoint.saved lines while the line is drawn
+            save_summaries_secs=0,
+            handle_signals=False,
+        )
+        sv.add_service(ProgressService(0.02, stream=terminal, total_steps=100))
+        structlog.reset_defaults()  # unconfigured (capture_logs elsewhere configures it)
+        async with sv.session() as sess:
+            for _ in range(40):
+                await sess.run(pair.step)
+                await anyio.sleep(0.01)
+                chunks.append(read_all(master))
+        chunks.append(read_all(master))
+    finally:
+        library.removeHandler(handler)
+        library.setLevel(logging.NOTSET)
+        terminal.close()
+        os.close(master)
+    screen = "".join(chunks).replace("\r\n", "\n")
+    logged = [line for line in screen.split("\n") if "checkpoint.saved" in line]
+    assert logged, screen[-2000:]
+    drawn_over = [line for line in logged if "steps/s" in line]
+    assert drawn_over, "no log line came while the progress line was drawn"
+    for line in drawn_over:
+        # The progress text was erased ("\r", then "erase to end of line") before the
+        # log line was written: what is left on the terminal's line is the log line.
+        assert "\r\x1b[Kcheckpoint.saved" in line, repr(line)
+        assert line.split("\r")[-1].removeprefix("\x1b[K").startswith("checkpoint.saved")

@@ -132,3 +132,13 @@ def test_is_chief_must_agree_with_the_role_tf_config_gives() -> None:
 def test_a_strategy_of_one_process_keeps_the_single_process_behaviour(logdir: str) -> None:
     sv = asv.Supervisor(logdir, strategy=tf.distribute.get_strategy(), is_chief=None)
     assert sv.is_chief and sv.role is None and sv.checkpointing
+
+
+@pytest.mark.parametrize("url", ["gs://bucket/run", "s3://bucket/run", "ram://run"])
+def test_an_object_store_logdir_is_refused_before_anything_is_written(
+    url: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ValueError, match=r"logdir .*object-store"):
+        asv.Supervisor(url)
+    assert list(tmp_path.iterdir()) == []  # no local directory named "gs:" or "ram:"
