@@ -24,6 +24,12 @@ from . import _async_save
 from ._errors import CheckpointMismatchError, CheckpointSaveError
 from ._lock import WriteGuard
 from ._log import log
+from ._logdir import (
+    checkpoint_bytes,
+    is_own,
+    list_checkpoints,
+    sync_paths,
+)
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
 
@@ -76,6 +82,11 @@ class Checkpointer:
             checkpoint_name=basename,
         )
         self.basename = basename
+        # Checkpoints the state file names that the supervisor did not write: restored
+        # from (a migration), never swept by retention.
+        for listed in [p for p in self.manager._maybe_delete if not is_own(p, basename)]:
+            del self.manager._maybe_delete[listed]
+        self.restore_status: Any = None
         self.guard = guard or WriteGuard(None)
         self.last_saved_step: int | None = None
         self.last_good_step: int | None = None  # the newest step saved (or restored) whole
@@ -121,8 +132,16 @@ class Checkpointer:
         return None, skipped
 
     def restore(self, path: str) -> None:
-        """Restore ``path`` into the checkpoint's objects, or raise CheckpointMismatchError."""
+        """Restore ``path`` into the checkpoint's objects, or raise CheckpointMismatchError.
+
+        A checkpoint the supervisor did not write (``tf.train.CheckpointManager``'s
+        ``ckpt-1``, ``Checkpoint.save``) may lack the global step: that is a migration,
+        and the step stays as it is. ``restore_status`` is kept for ``unrestored()``.
+        """
         missing, unexpected = top_level_differences(self.checkpoint, path)
+        foreign = not is_own(path, self.basename)
+        if foreign and missing == ["global_step"]:
+            missing = []
         if missing or unexpected:
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: "
@@ -136,11 +155,13 @@ class Checkpointer:
             )
         try:
             status = self.checkpoint.restore(path)
-            status.assert_existing_objects_matched()
+            if not foreign:
+                status.assert_existing_objects_matched()
         except (AssertionError, ValueError) as exc:  # missing objects; shapes that differ
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: {exc}"
             ) from exc
+        self.restore_status = status
 
     def _sync_new(self, prefix: str) -> None:
         sync_paths([*glob.glob(glob.escape(prefix) + ".*"), self.directory])
@@ -317,6 +338,28 @@ class ScratchCheckpointer(Checkpointer):
         return []  # a non-chief never picks a checkpoint: the chief does
 
 
+def unrestored(status: Any) -> str | None:
+    """The first value of a restored checkpoint that no object has taken yet, or ``None``.
+
+    Keras 3 restores into objects that are not built yet *deferred*: an optimizer takes
+    its slots when it builds, but an unbuilt subclassed model can make new variables and
+    never take the saved ones. Asked again after the first step, it tells the two apart.
+    """
+    if status is None:
+        return None
+    try:
+        status.assert_consumed()
+    except AssertionError as exc:
+        # TF checks the checkpoint's side first; "Python objects that were not bound" is
+        # the other side (the global step, when migrating from another tool's checkpoint).
+        text = str(exc).strip()
+        if "Python objects that were not bound" in text.split("\n", 1)[0]:
+            return None
+        key = re.search(r'checkpoint_key: "([^"]+)"', text)
+        return key[1] if key else (text.splitlines() or [repr(exc)])[0][:200]
+    return None
+
+
 def checkpoint_root(user: Any, global_step: Any) -> tf.train.Checkpoint:
     """The object the supervisor saves: the objects of the user's checkpoint (or
     mapping) and the global step, in a root of the supervisor's own.
@@ -352,52 +395,3 @@ def lower_priority() -> None:
     """
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed
         os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
-
-
-def remove_unfinished(directory: str, basename: str) -> list[str]:
-    """Remove the temp directories of saves that never finished (a kill mid-save).
-
-    Only a chief holding the logdir lock calls this, so no save of its own is
-    under way; the finished checkpoints are never touched.
-    """
-    pattern = re.compile(re.escape(basename) + r"-\d+_temp$")
-    removed = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(directory):
-            path = os.path.join(directory, name)
-            if pattern.match(name) and os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(name)
-    return removed
-
-
-def sync_paths(paths: list[str]) -> None:
-    """fsync files and directories (a directory's fsync makes renames in it durable)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def list_checkpoints(directory: str, basename: str) -> list[str]:
-    """Checkpoint prefixes in ``directory``, newest step first, from the state file and disk."""
-    import tensorflow as tf
-
-    pattern = re.compile(re.escape(basename) + r"-(\d+)$")
-    names: set[str] = set()
-    with contextlib.suppress(Exception):  # a corrupt or missing state file lists nothing
-        state = tf.train.get_checkpoint_state(directory)
-        if state is not None:
-            listed = [state.model_checkpoint_path, *state.all_model_checkpoint_paths]
-            names.update(os.path.basename(p) for p in listed if p)
-    with contextlib.suppress(FileNotFoundError):
-        names.update(n[: -len(".index")] for n in os.listdir(directory) if n.endswith(".index"))
-    steps = {n: int(m[1]) for n in names if (m := pattern.match(n))}
-    return [os.path.join(directory, n) for n in sorted(steps, key=steps.__getitem__, reverse=True)]
-
-
-def checkpoint_bytes(prefix: str) -> int:
-    """The size on disk of the files of the checkpoint at ``prefix``."""
-    return sum(os.path.getsize(p) for p in glob.glob(glob.escape(prefix) + ".*"))

@@ -12,7 +12,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ._checkpoints import checkpoint_bytes
+from ._logdir import checkpoint_bytes
 from ._verify import verify_checkpoint
 
 _INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)\.index$")

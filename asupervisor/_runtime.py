@@ -21,8 +21,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import _shutdown, _startup
-from ._checkpoints import Checkpointer, RestoreReport
-from ._errors import SessionStopped
+from ._checkpoints import Checkpointer, RestoreReport, unrestored
+from ._errors import CheckpointMismatchError, SessionStopped
 from ._lock import LogdirLock, WriteGuard
 from ._log import log
 from ._services import Registration, ServiceGroup
@@ -65,6 +65,7 @@ class SessionRuntime:
         self.cancelled: BaseException | None = None  # cancellation from outside the session
         self.stuck: str | None = None  # the work still running after the grace period
         self.ready = False  # restored (or initialized): the state is the run's own
+        self.deferred: tuple[str, str] | None = None  # (checkpoint, a value not taken yet)
         self.scopes: list[anyio.CancelScope] = []  # what a hard stop cancels
         self.services = ServiceGroup()
         self.step = GlobalStep(sv.global_step, sv.owns_global_step)
@@ -168,6 +169,23 @@ class SessionRuntime:
         for hook in self.sv.hooks:
             if hook.after_save(self.session, step, path):
                 self.request_stop(None, "requested")
+
+    def check_deferred(self) -> None:
+        """Training thread, after the first step: every restored value has been taken, or
+        the restore was not what it said (an unbuilt model made new variables)."""
+        if self.deferred is None or self.checkpointer is None:
+            return
+        (path, _), self.deferred = self.deferred, None
+        left = unrestored(self.checkpointer.restore_status)
+        self.checkpointer.restore_status = None
+        if left is not None:
+            raise CheckpointMismatchError(
+                f"checkpoint {path} was not fully restored: after the first step no object "
+                f"has taken {left} (and perhaps more). An object that is not built when the "
+                "session starts is restored deferred, and a Keras 3 model built later makes "
+                "new variables instead. Build the model before the session starts (call it "
+                "on one batch, or model.build(input_shape)); an optimizer may stay unbuilt."
+            )
 
     def after_step(self) -> None:
         """Training thread, after each step: finished background saves, agreed decisions."""

@@ -15,11 +15,12 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._checkpoints import Checkpointer, RestoreReport, ScratchCheckpointer, remove_unfinished
+from ._checkpoints import Checkpointer, RestoreReport, ScratchCheckpointer, unrestored
 from ._cluster import Agreement
 from ._errors import WaitTimeout
 from ._lock import LogdirLock, WriteGuard
 from ._log import log
+from ._logdir import is_own, remove_unfinished
 
 if TYPE_CHECKING:
     from ._runtime import SessionRuntime
@@ -164,9 +165,18 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     rt.check_open()  # a restore given up on by a stop acts no further
     step.reload()
     rt.stepper.last_save_step = step.value  # step schedules count from here, as TF's
-    if path is not None:
-        if rt.checkpointer is not None:
-            rt.checkpointer.last_saved_step = rt.checkpointer.last_good_step = step.value
+    if path is not None and rt.checkpointer is not None:
+        checkpointer = rt.checkpointer
+        if is_own(path, checkpointer.basename):
+            checkpointer.last_saved_step = checkpointer.last_good_step = step.value
+        else:
+            log.warning("checkpoint.migrated", path=path, step=step.value)
+        waiting = unrestored(checkpointer.restore_status)
+        if waiting is not None:
+            # Objects not built yet take their values when they are built: checked
+            # again after the first step, which builds them (SessionRuntime.after_step).
+            rt.deferred = (path, waiting)
+            log.info("checkpoint.deferred", path=path, first_value=waiting)
         log.info(
             "checkpoint.restored",
             path=path,

@@ -179,6 +179,8 @@ class Stepper:
         self.steps_since_save += 1
         self._steps_run += 1
         self.last_result = result  # for progress displays; one assignment, no copy
+        if self._steps_run == 1:
+            runtime.check_deferred()
         for hook in hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if self._steps_run % STILL_CHECK_EVERY == 0:
