@@ -70,7 +70,9 @@ class SessionRuntime:
         self.services = ServiceGroup()
         self.step = GlobalStep(sv.global_step, sv.owns_global_step)
         save_steps = sv.save_model_steps if sv.checkpointing else None
-        self.stepper = Stepper(self, self.step, sv.hooks, save_steps)
+        summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
+        self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps)
+        self.rate_mark: tuple[int, float] | None = None  # (step, time) rates count from
         self.restore_report = RestoreReport("fresh", None, 0)
         self.drain_started: float | None = None
         self.session: ManagedSession = ManagedSession(self)
@@ -169,6 +171,18 @@ class SessionRuntime:
         for hook in self.sv.hooks:
             if hook.after_save(self.session, step, path):
                 self.request_stop(None, "requested")
+
+    def step_summaries(self) -> None:
+        """Training thread, every ``save_summaries_steps``: ``summary_fn``'s values and the
+        steps per second since the last time (from the first step: tracing is not speed)."""
+        values = dict(self.sv.summary_fn()) if self.sv.summary_fn is not None else {}
+        step, now = self.step.value, time.monotonic()
+        mark = self.rate_mark
+        if mark is not None and step > mark[0] and now > mark[1]:
+            values[self.sv.rate_tag] = (step - mark[0]) / (now - mark[1])
+        self.rate_mark = (step, now)
+        if values:
+            self.events.write(values, step, self.sv.global_step)
 
     def check_deferred(self) -> None:
         """Training thread, after the first step: every restored value has been taken, or

@@ -164,7 +164,8 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     path, skipped = _choose(rt, max_wait_secs)
     rt.check_open()  # a restore given up on by a stop acts no further
     step.reload()
-    rt.stepper.last_save_step = step.value  # step schedules count from here, as TF's
+    # Step schedules count from here, as TF's CheckpointSaverHook and SummarySaverHook do.
+    rt.stepper.last_save_step = rt.stepper.last_summary_step = step.value
     if path is not None and rt.checkpointer is not None:
         checkpointer = rt.checkpointer
         if is_own(path, checkpointer.basename):

@@ -116,8 +116,11 @@ class Stepper:
         step: GlobalStep,
         hooks: Sequence[Hook],
         save_steps: int | None,
+        summary_steps: int | None = None,
     ) -> None:
         self.runtime = runtime
+        self.summary_steps = summary_steps
+        self.last_summary_step: int | None = None
         self.step = step
         self.hooks = tuple(hooks)
         self.save_steps = save_steps
@@ -181,24 +184,27 @@ class Stepper:
         self.last_result = result  # for progress displays; one assignment, no copy
         if self._steps_run == 1:
             runtime.check_deferred()
+            runtime.rate_mark = (self.step.value, time.monotonic())  # rates from here
         for hook in hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if self._steps_run % STILL_CHECK_EVERY == 0:
             self._check_moving()
-        if self.save_steps and self._save_due():
+        if self.save_steps and self._due(self.save_steps, "last_save_step"):
             runtime.save()
+        if self.summary_steps and self._due(self.summary_steps, "last_summary_step"):
+            runtime.step_summaries()
         runtime.after_step()
         return result
 
-    def _save_due(self) -> bool:
-        """As TF's CheckpointSaverHook: when the step has moved ``save_steps`` past the last
-        step-based save (or the session's start), whatever the step advances by."""
-        step = self.step.value
-        if self.last_save_step is None:  # set at the session's start; a fallback only
-            self.last_save_step = step
+    def _due(self, every: int, last: str) -> bool:
+        """As TF's ``SecondOrStepTimer``: due when the step has moved ``every`` past the
+        last time (or the session's start), whatever each step advances it by."""
+        step, previous = self.step.value, getattr(self, last)
+        if previous is None:  # set at the session's start; a fallback only
+            setattr(self, last, step)
             return False
-        if step >= self.last_save_step + self.save_steps:  # type: ignore[operator]
-            self.last_save_step = step
+        if step >= previous + every:
+            setattr(self, last, step)
             return True
         return False
 

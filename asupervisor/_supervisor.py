@@ -52,6 +52,7 @@ class Supervisor:
         keep_checkpoint_every_n_hours: float | None = None,
         async_checkpoint: bool = False,
         save_summaries_secs: float = 120,
+        save_summaries_steps: int | None = None,
         summary_fn: Callable[[], Mapping[str, Any]] | None = None,
         stop_grace_secs: float = 120,
         recovery_wait_secs: float = 30,
@@ -75,6 +76,9 @@ class Supervisor:
         )
         self.async_checkpoint = check.boolean("async_checkpoint", async_checkpoint)
         self.save_summaries_secs = check.non_negative("save_summaries_secs", save_summaries_secs)
+        self.save_summaries_steps = check.optional_positive_int(
+            "save_summaries_steps", save_summaries_steps
+        )
         self.summary_fn = check.optional_callable("summary_fn", summary_fn)
         self.stop_grace_secs = check.non_negative("stop_grace_secs", stop_grace_secs)
         self.recovery_wait_secs = check.positive("recovery_wait_secs", recovery_wait_secs)
@@ -161,14 +165,16 @@ class Supervisor:
             if self.summary_fn is not None:
                 summary = SummaryService(self.save_summaries_secs, self.summary_fn)
                 regs.append(register(summary, on_error="restart"))
-            counter = StepCounterService(self.save_summaries_secs, tag=self._rate_tag())
+            counter = StepCounterService(self.save_summaries_secs, tag=self.rate_tag)
             regs.append(register(counter, on_error="restart"))
         if standard and self.step_timeout_secs is not None:
             regs.append(register(WatchdogService(self.step_timeout_secs)))
         return [*regs, *self._services]
 
-    def _rate_tag(self) -> str:
-        """``global_step/sec``, or named after the user's step variable, as TF does."""
+    @property
+    def rate_tag(self) -> str:
+        """The step counter's tag: ``global_step/sec``, or named after the user's step
+        variable, as TF does."""
         if self.owns_global_step:
             return "global_step/sec"
         name = str(getattr(self.global_step, "name", "global_step")).split(":")[0]

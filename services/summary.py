@@ -20,15 +20,28 @@ class SummaryService:
         self.interval_secs = positive("interval_secs", interval_secs)
         self.summary_fn = summary_fn
 
-    def _write(self, sess: ManagedSession) -> None:
+    def _write(self, sess: ManagedSession, last: int) -> int:
+        """On the training thread: write, if a step ran since ``last``; the step written."""
+        step = sess.global_step
+        if step == last:
+            return last
         values = self.summary_fn()
+        sess.summary_computed(self._checked(values))
+        logger.debug("summary.written", step=step, tags=sorted(values))
+        return step
+
+    @staticmethod
+    def _checked(values: Any) -> Mapping[str, Any]:
         if not isinstance(values, Mapping):
             raise TypeError(f"summary_fn must return a mapping of tag to value, not {values!r}")
-        sess.summary_computed(values)
-        logger.debug("summary.written", step=sess.global_step, tags=sorted(values))
+        return values
 
     async def run(self, sess: ManagedSession) -> None:
-        while not await sess.sleep_until_stop(self.interval_secs):
-            await sess.call(self._write, sess)
-        # Queued behind the in-flight step, so it records the final state.
-        await sess.call(self._write, sess)
+        # Only when a step ran since the last write: values of a session that has not
+        # stepped yet (metrics just reset to 0) would be false points at the restart.
+        last = sess.restore_report.step
+        stopping = False
+        while not stopping:
+            stopping = await sess.sleep_until_stop(self.interval_secs)
+            # After the stop this is queued behind the in-flight step: the final state.
+            last = await sess.call(self._write, sess, last)
