@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import functools
+import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -133,3 +135,38 @@ async def test_max_steps_is_checked(pair: Pair) -> None:
     async with make(None, pair).session() as sess:
         with pytest.raises(ValueError, match="max_steps"):
             await sess.train(pair.step, [()], max_steps=0)
+
+
+@pytest.mark.asyncio
+async def test_a_fused_step_traces_no_more_often_than_the_users_function() -> None:
+    v = tf.Variable(0.0)
+
+    @tf.function(input_signature=[tf.TensorSpec([None], tf.float32)])
+    def step(batch: tf.Tensor) -> tf.Tensor:
+        v.assign_add(tf.reduce_sum(batch))
+        return v
+
+    sv = asv.Supervisor(None, save_summaries_secs=0, handle_signals=False)
+    async with sv.session() as sess:
+        for size in range(1, 31):  # 30 shapes: the signature covers them all
+            await sess.run(step, tf.ones([size]))
+        fused, counted_in_graph = sess._rt.stepper.prepared(step)
+    assert counted_in_graph and sess.global_step == 30
+    assert step.experimental_get_tracing_count() == 1
+    assert fused.experimental_get_tracing_count() == 1  # not once per shape
+
+
+@pytest.mark.asyncio
+async def test_ten_thousand_partials_leave_the_step_cache_bounded() -> None:
+    v = tf.Variable(0.0)
+    alive: list[weakref.ref[Any]] = []
+    sv = asv.Supervisor(None, save_summaries_secs=0, handle_signals=False)
+    async with sv.session() as sess:
+        for i in range(10_000):
+            call = functools.partial(v.assign_add, float(i % 3))  # a new callable per step
+            alive.append(weakref.ref(call))
+            await sess.run(call)
+            del call
+    assert sess.global_step == 10_000
+    gc.collect()
+    assert sum(ref() is not None for ref in alive) <= 64  # the cache keeps a few, not all
