@@ -10,7 +10,6 @@ import collections
 import contextlib
 import glob
 import os
-import re
 import shutil
 import tempfile
 import threading
@@ -24,12 +23,7 @@ from . import _async_save
 from ._errors import CheckpointMismatchError, CheckpointSaveError
 from ._lock import WriteGuard
 from ._log import log
-from ._logdir import (
-    checkpoint_bytes,
-    is_own,
-    list_checkpoints,
-    sync_paths,
-)
+from ._logdir import checkpoint_bytes, is_own, list_checkpoints, skip_state_file, sync_paths
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
 
@@ -73,14 +67,25 @@ class Checkpointer:
 
         self.checkpoint = checkpoint
         self.directory = directory
-        # A new manager reads the `checkpoint` state file as it is now on disk.
-        self.manager = tf.train.CheckpointManager(
-            checkpoint,
-            directory,
-            max_to_keep=max_to_keep,
-            keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-            checkpoint_name=basename,
-        )
+        self.damaged_state: tuple[str, str] | None = None  # (state file, why it was skipped)
+
+        def manager(where: str) -> tf.train.CheckpointManager:
+            # A new manager reads the `checkpoint` state file as it is now on disk.
+            return tf.train.CheckpointManager(
+                checkpoint,
+                where,
+                max_to_keep=max_to_keep,
+                keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
+                checkpoint_name=basename,
+            )
+
+        self._new_manager = manager
+        try:
+            self.manager = manager(directory)
+        except Exception as exc:  # an unreadable state file: skipped, like a damaged checkpoint
+            # Only the chief (the one with a guard over the logdir) moves a file there.
+            self.damaged_state = skip_state_file(directory, exc, move=guard is not None)
+            self.manager = manager(directory if guard is not None else tempfile.mkdtemp())
         self.basename = basename
         # Checkpoints the state file names that the supervisor did not write: restored
         # from (a migration), never swept by retention.
@@ -121,15 +126,30 @@ class Checkpointer:
         the model raises ``CheckpointMismatchError``: that is a wrong model or a
         wrong logdir, not damage, and no older checkpoint would fix it.
         """
-        skipped: list[tuple[str, str]] = []
+        skipped: list[tuple[str, str]] = [self.damaged_state] if self.damaged_state else []
         for path in self.candidates():
             problem = verify_checkpoint(path)
             if problem is None:
                 self.restore(path)
+                if self.damaged_state is not None and self.guard.lock is not None:
+                    self._rebuild_state(path)
                 return path, skipped
             log.warning("checkpoint.fallback", skipped=path, reason=problem)
             skipped.append((path, problem))
         return None, skipped
+
+    def _rebuild_state(self, restored: str) -> None:
+        """After a damaged state file was put aside: a new one that names the restored
+        checkpoint and the older ones on disk, so that retention counts them again."""
+        import tensorflow as tf
+
+        own = [p for p in reversed(self.candidates()) if is_own(p, self.basename)]
+        older = own[: own.index(restored) + 1] if restored in own else [restored]
+        tf.compat.v1.train.update_checkpoint_state(
+            self.directory, restored, all_model_checkpoint_paths=older
+        )
+        sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+        self.manager = self._new_manager(self.directory)
 
     def restore(self, path: str) -> None:
         """Restore ``path`` into the checkpoint's objects, or raise CheckpointMismatchError.
@@ -336,28 +356,6 @@ class ScratchCheckpointer(Checkpointer):
 
     def candidates(self) -> list[str]:
         return []  # a non-chief never picks a checkpoint: the chief does
-
-
-def unrestored(status: Any) -> str | None:
-    """The first value of a restored checkpoint that no object has taken yet, or ``None``.
-
-    Keras 3 restores into objects that are not built yet *deferred*: an optimizer takes
-    its slots when it builds, but an unbuilt subclassed model can make new variables and
-    never take the saved ones. Asked again after the first step, it tells the two apart.
-    """
-    if status is None:
-        return None
-    try:
-        status.assert_consumed()
-    except AssertionError as exc:
-        # TF checks the checkpoint's side first; "Python objects that were not bound" is
-        # the other side (the global step, when migrating from another tool's checkpoint).
-        text = str(exc).strip()
-        if "Python objects that were not bound" in text.split("\n", 1)[0]:
-            return None
-        key = re.search(r'checkpoint_key: "([^"]+)"', text)
-        return key[1] if key else (text.splitlines() or [repr(exc)])[0][:200]
-    return None
 
 
 def checkpoint_root(user: Any, global_step: Any) -> tf.train.Checkpoint:

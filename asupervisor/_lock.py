@@ -72,7 +72,7 @@ class WriteGuard:
     """Counts the saves under way; releases the lock when closed and none is left."""
 
     def __init__(self, lock: LogdirLock | None) -> None:
-        self._lock = lock
+        self.lock = lock  # None: a guard over no logdir of this process's own
         self._mutex = threading.Lock()
         self._writers = 0
         self.closed = False
@@ -102,7 +102,7 @@ class WriteGuard:
             log.warning("logdir.lock_held", reason="a save is still writing; released when it ends")
 
     def _release(self, late: bool) -> None:
-        if self._lock is not None:
-            self._lock.release()
+        if self.lock is not None:
+            self.lock.release()
             if late:
                 log.info("logdir.lock_released", reason="the last write ended")

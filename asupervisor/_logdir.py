@@ -13,6 +13,8 @@ import os
 import re
 import shutil
 
+from ._log import log
+
 
 def is_own(path: str, basename: str) -> bool:
     """Whether ``path`` names a checkpoint the supervisor writes (``<basename>-<step>``)."""
@@ -74,3 +76,15 @@ def list_checkpoints(directory: str, basename: str) -> list[str]:
 def checkpoint_bytes(prefix: str) -> int:
     """The size on disk of the files of the checkpoint at ``prefix``."""
     return sum(os.path.getsize(p) for p in glob.glob(glob.escape(prefix) + ".*"))
+
+
+def skip_state_file(directory: str, exc: BaseException, *, move: bool) -> tuple[str, str]:
+    """The ``checkpoint`` state file cannot be read: the checkpoints beside it are still
+    found on disk. The chief (``move``) puts it aside as ``checkpoint.damaged`` so that its
+    next save writes a good one; a non-chief only reads, and leaves it."""
+    state = os.path.join(directory, "checkpoint")
+    reason = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+    if move:
+        os.replace(state, state + ".damaged")
+    log.warning("checkpoint.state_damaged", path=state, reason=reason, moved=move)
+    return state, reason

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from . import _shutdown, _startup
-from ._checkpoints import Checkpointer, RestoreReport, unrestored
+from ._checkpoints import Checkpointer, RestoreReport
 from ._errors import CheckpointMismatchError, SessionStopped
 from ._lock import LogdirLock, WriteGuard
 from ._log import log
@@ -30,6 +30,7 @@ from ._signals import SignalListener
 from ._steps import GlobalStep, Stepper
 from ._stopping import Phase, StopFlag, end_of_data_error, is_end_of_data
 from ._summaries import EventsFile
+from ._verify import unrestored
 from ._worker import Fenced, Job, TrainingThread, loop_caller
 
 if TYPE_CHECKING:

@@ -28,6 +28,7 @@ async def close(rt: SessionRuntime) -> None:
     last, once nothing of the session can still write."""
     rt.phase = Phase.CLOSING
     rt.flag.unbind()
+    rt.services.close()  # no service starts in a session that is over
     if rt.signals is not None:
         rt.signals.restore()
     rt.thread.stop()  # jobs still queued are dropped; a running one is fenced

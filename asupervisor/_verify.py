@@ -7,6 +7,7 @@ not match a model, instead of restoring part of it.
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
 
@@ -91,3 +92,25 @@ def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[s
     )
     unexpected = sorted(n for n in saved if n not in live)
     return missing, unexpected
+
+
+def unrestored(status: Any) -> str | None:
+    """The first value of a restored checkpoint that no object has taken yet, or ``None``.
+
+    Keras 3 restores into objects that are not built yet *deferred*: an optimizer takes
+    its slots when it builds, but an unbuilt subclassed model can make new variables and
+    never take the saved ones. Asked again after the first step, it tells the two apart.
+    """
+    if status is None:
+        return None
+    try:
+        status.assert_consumed()
+    except AssertionError as exc:
+        # TF checks the checkpoint's side first; "Python objects that were not bound" is
+        # the other side (the global step, when migrating from another tool's checkpoint).
+        text = str(exc).strip()
+        if "Python objects that were not bound" in text.split("\n", 1)[0]:
+            return None
+        key = re.search(r'checkpoint_key: "([^"]+)"', text)
+        return key[1] if key else (text.splitlines() or [repr(exc)])[0][:200]
+    return None

@@ -75,6 +75,20 @@ async def test_an_unreadable_index_and_a_corrupt_state_file_fall_back(logdir: st
     assert len(report.skipped) == 1 and "model.ckpt-4" in report.skipped[0][0]
 
 
+@pytest.mark.parametrize("content", [b"", os.urandom(256)], ids=["empty", "random bytes"])
+async def test_an_unreadable_state_file_is_skipped_like_a_damaged_checkpoint(
+    logdir: str, content: bytes, events: list[dict[str, Any]]
+) -> None:
+    await train(logdir, 4)
+    Path(logdir, "checkpoint").write_bytes(content)
+    report, a = await restored_step(logdir)
+    assert report.source == "checkpoint" and report.step == 4 and a == 4.0
+    assert [Path(p).name for p, _ in report.skipped] == ["checkpoint"]
+    assert named(events, "checkpoint.state_damaged")
+    assert Path(logdir, "checkpoint.damaged").read_bytes() == content  # kept, for a look
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-4")  # a good one again
+
+
 async def test_every_checkpoint_damaged_means_a_fresh_start_that_says_so(logdir: str) -> None:
     await train(logdir, 2)
     for name in os.listdir(logdir):
