@@ -116,7 +116,7 @@ PIPED_RUN = textwrap.dedent(
                 await anyio.sleep(0.01)
         print("ended", sess.global_step, sess.stop_reason, file=sys.stderr, flush=True)
 
-    anyio.run(main)
+    anyio.run(main, backend=sys.argv[2])
     try:  # Python's own idiom for a closed pipe: nothing more goes to it
         sys.stdout.flush()
     except BrokenPipeError:
@@ -126,13 +126,14 @@ PIPED_RUN = textwrap.dedent(
 
 
 @pytest.mark.slow
-def test_ctrl_c_with_the_output_piped_away_still_saves(tmp_path: Path) -> None:
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_ctrl_c_with_the_output_piped_away_still_saves(tmp_path: Path, backend: str) -> None:
     """`make demo 2>&1 | tee log`, then Ctrl-C: the pipe is gone before the stop's log lines."""
     script, logdir = tmp_path / "piped.py", tmp_path / "run"
     script.write_text(PIPED_RUN)
     with open(tmp_path / "stderr", "w") as err:
         proc = subprocess.Popen(
-            [sys.executable, str(script), str(logdir)],
+            [sys.executable, str(script), str(logdir), backend],
             stdout=subprocess.PIPE,
             stderr=err,
             text=True,
