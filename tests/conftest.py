@@ -15,6 +15,12 @@ import structlog
 import tensorflow as tf
 
 
+@pytest.fixture(params=["asyncio", "trio"])
+def anyio_backend(request: pytest.FixtureRequest) -> str:
+    """Tests marked ``anyio`` run on both of anyio's backends."""
+    return str(request.param)
+
+
 @pytest.fixture
 def logdir(tmp_path: Path) -> str:
     return str(tmp_path / "run")

@@ -11,11 +11,6 @@ import asupervisor as asv
 from tests.conftest import Pair
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 @pytest.mark.anyio
 async def test_steps_services_errors_and_grace_on_each_backend(logdir: str) -> None:
     pair = Pair()

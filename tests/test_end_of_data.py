@@ -19,11 +19,6 @@ from tests.conftest import Pair
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def make(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
     return asv.Supervisor(
         logdir,

@@ -27,11 +27,6 @@ from tests.conftest import Pair, named
 pytestmark = pytest.mark.anyio
 
 
-@pytest.fixture(params=["asyncio", "trio"])
-def anyio_backend(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
-
-
 def make(logdir: str | None, pair: Pair, **kwargs: Any) -> asv.Supervisor:
     kwargs.setdefault("save_model_secs", 0)
     kwargs.setdefault("save_model_steps", 1000)
