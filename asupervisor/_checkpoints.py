@@ -24,6 +24,7 @@ from ._errors import CheckpointMismatchError, CheckpointSaveError
 from ._lock import WriteGuard
 from ._log import log
 from ._logdir import checkpoint_bytes, is_own, list_checkpoints, skip_state_file, sync_paths
+from ._position import NAME as POSITION
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
 
@@ -159,9 +160,10 @@ class Checkpointer:
         and the step stays as it is. ``restore_status`` is kept for ``unrestored()``.
         """
         missing, unexpected = top_level_differences(self.checkpoint, path)
-        foreign = not is_own(path, self.basename)
-        if foreign and missing == ["global_step"]:
-            missing = []
+        # What an older or another tool's checkpoint may lack: restored without it.
+        optional = {POSITION} if is_own(path, self.basename) else {POSITION, "global_step"}
+        absent = [name for name in missing if name in optional]
+        missing = [name for name in missing if name not in optional]
         if missing or unexpected:
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: "
@@ -173,10 +175,10 @@ class Checkpointer:
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: " + "; ".join(shapes)
             )
+        root = self.checkpoint if not absent else _without(self.checkpoint, absent)
         try:
-            status = self.checkpoint.restore(path)
-            if not foreign:
-                status.assert_existing_objects_matched()
+            status = root.restore(path)
+            status.assert_existing_objects_matched()
         except (AssertionError, ValueError) as exc:  # missing objects; shapes that differ
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: {exc}"
@@ -358,9 +360,19 @@ class ScratchCheckpointer(Checkpointer):
         return []  # a non-chief never picks a checkpoint: the chief does
 
 
-def checkpoint_root(user: Any, global_step: Any) -> tf.train.Checkpoint:
+def _without(root: Any, names: list[str]) -> Any:
+    """A root over the same objects as ``root`` but ``names``: to restore a checkpoint
+    that lacks them, checking that it fills everything else."""
+    import tensorflow as tf
+
+    children = dict(tf.train.TrackableView(root).children(root))
+    kept = {k: v for k, v in children.items() if k not in names and k != "save_counter"}
+    return tf.train.Checkpoint(**kept)
+
+
+def checkpoint_root(user: Any, global_step: Any, position: Any) -> tf.train.Checkpoint:
     """The object the supervisor saves: the objects of the user's checkpoint (or
-    mapping) and the global step, in a root of the supervisor's own.
+    mapping), the global step and the data position, in a root of the supervisor's own.
 
     The user's ``tf.train.Checkpoint`` is left as it was: a second Supervisor over
     it (a retry loop, a notebook cell run twice) sees it unchanged. The files are
@@ -382,6 +394,7 @@ def checkpoint_root(user: Any, global_step: Any) -> tf.train.Checkpoint:
             "pass it as global_step= instead"
         )
     children["global_step"] = global_step
+    children[POSITION] = position
     return tf.train.Checkpoint(**children)
 
 

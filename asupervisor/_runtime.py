@@ -29,7 +29,7 @@ from ._services import Registration, ServiceGroup
 from ._signals import SignalListener
 from ._steps import GlobalStep, Stepper
 from ._stopping import Phase, StopFlag, end_of_data_error, is_end_of_data
-from ._summaries import EventsFile
+from ._summaries import EventsFile, scalars
 from ._verify import unrestored
 from ._worker import Fenced, Job, TrainingThread, loop_caller
 
@@ -70,6 +70,7 @@ class SessionRuntime:
         self.scopes: list[anyio.CancelScope] = []  # what a hard stop cancels
         self.services = ServiceGroup()
         self.step = GlobalStep(sv.global_step, sv.owns_global_step)
+        self.position = sv.position
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps)
@@ -153,6 +154,7 @@ class SessionRuntime:
             return None
         self.check_open()
         stepper, step = self.stepper, self.step.value
+        self.position.sync()
         forced = stepper.steps_since_save > 0 and step == checkpointer.last_saved_step
         path = checkpointer.save(step, force=forced, final=final)
         stepper.steps_since_save = 0 if checkpointer.last_saved_step == step else 1
@@ -176,7 +178,8 @@ class SessionRuntime:
     def step_summaries(self) -> None:
         """Training thread, every ``save_summaries_steps``: ``summary_fn``'s values and the
         steps per second since the last time (from the first step: tracing is not speed)."""
-        values = dict(self.sv.summary_fn()) if self.sv.summary_fn is not None else {}
+        fn = self.sv.summary_fn
+        values = dict(fn()) if fn is not None else scalars(self.stepper.last_result)
         step, now = self.step.value, time.monotonic()
         mark = self.rate_mark
         if mark is not None and step > mark[0] and now > mark[1]:

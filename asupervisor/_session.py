@@ -7,13 +7,14 @@ can write their own the same way.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
 from ._checkpoints import RestoreReport
 from ._log import log
 from ._services import register
+from ._summaries import scalars
 from ._validate import optional_positive_int
 from ._worker import Job
 
@@ -57,7 +58,12 @@ class ManagedSession:
         return await self._rt.thread.run(fn, *args, **kwargs)
 
     async def train(
-        self, step_fn: Callable[..., Any], data: Iterable[Any], *, max_steps: int | None = None
+        self,
+        step_fn: Callable[..., Any],
+        data: Iterable[Any] | Callable[[int], Iterable[Any]],
+        *,
+        epochs: int | None = None,
+        max_steps: int | None = None,
     ) -> int:
         """The fast path: run ``step_fn`` over ``data`` on the training thread, no hop per step.
 
@@ -67,13 +73,62 @@ class ManagedSession:
         call it again for the next epoch), when a stop is requested, or after
         ``max_steps``. End of data raised inside a step stops the session (reason
         ``end_of_data``). Raises ``asv.SessionStopped`` if called after a stop.
+
+        With ``epochs``, the epoch and the batch inside it are saved with every
+        checkpoint, and a resumed run goes on at the same batch of the same epoch until
+        ``epochs`` epochs are done. ``data`` is then iterated once per epoch, or called
+        as ``data(epoch)`` if it is a function: a shuffled dataset must be one (with the
+        epoch in its seed), so that a restart sees the same order again.
         """
         checked = optional_positive_int("max_steps", max_steps)
+        epochs = optional_positive_int("epochs", epochs)
         rt = self._rt
         rt.check_not_stopped("train")
-        job = Job(rt.stepper.train_loop, (step_fn, data, checked), label=step_fn, kind="step")
+        args = (step_fn, data, checked, epochs)
+        job = Job(rt.stepper.train_loop, args, label=step_fn, kind="step")
         steps: int = await rt.thread.run_job(job)
         return steps
+
+    async def fit(
+        self,
+        model: Any,
+        data: Any,
+        *,
+        epochs: int,
+        callbacks: Sequence[Any] = (),
+        **fit_kwargs: Any,
+    ) -> Any:
+        """Keras ``model.fit(data, epochs=..., callbacks=...)`` under supervision; the History.
+
+        It runs on the training thread; each batch is a supervised step (hooks, the
+        global step, step schedules, saves between batches), your callbacks work as
+        with ``fit`` itself, and a stop ends it after the batch in flight. The epoch and
+        the batch inside it are saved with every checkpoint: a resumed run goes on at
+        the same batch. ``data`` is a ``tf.data.Dataset`` of batches, or a function
+        ``epoch -> Dataset`` (a shuffled dataset must be one, seeded with the epoch).
+        Other keyword arguments go to ``fit`` (``verbose``, ``validation_data`` ...).
+        """
+        from ._fit import check_data, fit
+
+        positive = optional_positive_int("epochs", epochs)
+        if positive is None:
+            raise ValueError("epochs must be a positive int, not None")
+        check_data(data)
+        for name in ("initial_epoch", "x", "y"):
+            if name in fit_kwargs:
+                raise ValueError(f"{name}= is set by sess.fit, from the saved position")
+        rt = self._rt
+        fit_kwargs.setdefault("shuffle", False)  # a dataset is shuffled by itself, if at all
+        rt.check_not_stopped("fit")
+        args = (rt, model, data, positive, tuple(callbacks), fit_kwargs)
+        return await rt.thread.run_job(Job(fit, args, label=model.fit, kind="step"))
+
+    @property
+    def data_position(self) -> tuple[int, int]:
+        """``(epoch, batch)``: where ``train(epochs=)`` or ``fit`` is in the data; saved
+        with every checkpoint."""
+        position = self._rt.position
+        return position.epoch, position.batch
 
     async def save_checkpoint(self) -> None:
         """Ask for a checkpoint at the next step boundary, and wait until it is taken.
@@ -94,6 +149,12 @@ class ManagedSession:
     def last_result(self) -> Any:
         """What the last step returned (``None`` before the first)."""
         return self._rt.stepper.last_result
+
+    @property
+    def last_scalars(self) -> dict[str, float]:
+        """The last step's numeric results by name (``fit``: Keras' logs); a bare number
+        is ``loss``. Reading it waits for the step's tensors."""
+        return scalars(self._rt.stepper.last_result)
 
     @property
     def last_save(self) -> tuple[int, float] | None:

@@ -165,6 +165,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     path, skipped = _choose(rt, max_wait_secs)
     rt.check_open()  # a restore given up on by a stop acts no further
     step.reload()
+    rt.position.reload()
     # Step schedules count from here, as TF's CheckpointSaverHook and SummarySaverHook do.
     rt.stepper.last_save_step = rt.stepper.last_summary_step = step.value
     if path is not None and rt.checkpointer is not None:
@@ -220,6 +221,7 @@ def recover(rt: SessionRuntime, exc: BaseException) -> None:
     if path is None:
         raise exc
     rt.step.reload()
+    rt.position.reload()
     stepper.steps_since_save = 0
     log.warning(
         "step.recovered",

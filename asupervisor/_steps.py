@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._hooks import Hook, RunContext
 from ._log import log
+from ._position import epoch_data, skipped
 from ._stopping import is_end_of_data
 
 if TYPE_CHECKING:
@@ -168,24 +169,38 @@ class Stepper:
             raise replacement from exc
 
     def _step(self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        hooks, runtime = self.hooks, self.runtime
-        ctx = RunContext(self.step.value, args, kwargs, runtime.session) if hooks else None
-        for hook in hooks:
-            hook.before_run(ctx)  # type: ignore[arg-type]
+        ctx = self.before(args, kwargs)
         call, counted_in_graph = self.prepared(fn)
+        result = self._call_step(call, args, kwargs)
+        self.after(ctx, result, counted_in_graph)
+        return result
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunContext | None:
+        """Before a step (or a batch of ``fit``): the hooks' ``before_run``."""
+        ctx = (
+            RunContext(self.step.value, args, kwargs, self.runtime.session) if self.hooks else None
+        )
+        for hook in self.hooks:
+            hook.before_run(ctx)  # type: ignore[arg-type]
         if self.started_at is None:
             self.started_at = time.monotonic()
-        result = self._call_step(call, args, kwargs)
+        return ctx
+
+    def after(self, ctx: RunContext | None, result: Any, counted_in_graph: bool) -> None:
+        """After a successful step: count it, run the hooks, then what is due."""
+        runtime = self.runtime
         runtime.check_open()  # an abandoned step that returns at last does nothing more
         self.recoveries = 0
         self.step.advance(in_graph=counted_in_graph)
         self.steps_since_save += 1
         self._steps_run += 1
+        if runtime.position.counting:
+            runtime.position.batch += 1
         self.last_result = result  # for progress displays; one assignment, no copy
         if self._steps_run == 1:
             runtime.check_deferred()
             runtime.rate_mark = (self.step.value, time.monotonic())  # rates from here
-        for hook in hooks:
+        for hook in self.hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if self._steps_run % STILL_CHECK_EVERY == 0:
             self._check_moving()
@@ -194,7 +209,6 @@ class Stepper:
         if self.summary_steps and self._due(self.summary_steps, "last_summary_step"):
             runtime.step_summaries()
         runtime.after_step()
-        return result
 
     def _due(self, every: int, last: str) -> bool:
         """As TF's ``SecondOrStepTimer``: due when the step has moved ``every`` past the
@@ -237,33 +251,58 @@ class Stepper:
                 self.runtime.recover(exc)  # raises when it cannot
 
     def train_loop(
-        self, step_fn: Callable[..., Any], data: Iterable[Any], max_steps: int | None
+        self,
+        step_fn: Callable[..., Any],
+        data: Any,
+        max_steps: int | None,
+        epochs: int | None = None,
     ) -> int:
         """On the training thread: steps back to back; between two, the stop flag is
-        checked and the jobs queued meanwhile (saves, holds, calls) are run."""
+        checked and the jobs queued meanwhile (saves, holds, calls) are run. With
+        ``epochs``, from the saved position (epoch, batch) to the end of the last epoch."""
+        if epochs is None:
+            return self._steps_over(step_fn, iter(data), max_steps)[0]
+        position, done = self.runtime.position, 0
+        position.counting = True
+        try:
+            while position.epoch < epochs:
+                source = skipped(epoch_data(data, position.epoch), position.batch)
+                left = None if max_steps is None else max_steps - done
+                ran, exhausted = self._steps_over(step_fn, iter(source), left)
+                done += ran
+                if not exhausted:
+                    break  # a stop, or max_steps
+                position.next_epoch()
+        finally:
+            position.counting = False
+        return done
+
+    def _steps_over(
+        self, step_fn: Callable[..., Any], iterator: Iterator[Any], max_steps: int | None
+    ) -> tuple[int, bool]:
+        """Steps over ``iterator``: how many ran, and whether the data ran out."""
         runtime, run_step = self.runtime, self.run_step
-        worker, should_stop = runtime.thread, runtime.flag
-        iterator = iter(data)
+        worker, flag = runtime.thread, runtime.flag
         done = 0
         while max_steps is None or done < max_steps:
             if worker.has_pending():
                 worker.run_pending()
-            if should_stop.stopped:
-                break
+            if flag.stopped:
+                return done, False
             try:
                 batch = next(iterator)
             except StopIteration:
-                break  # the epoch is over; the session goes on
+                return done, True  # the epoch is over; the session goes on
             except Exception as exc:
                 if is_end_of_data(exc):
-                    break
+                    return done, True
                 runtime.step_failed(exc)
                 raise
             try:
                 run_step(step_fn, batch if isinstance(batch, tuple) else (batch,), {})
             except Exception as exc:
                 if is_end_of_data(exc):
-                    break  # the step's own data ran out: the stop is requested already
+                    return done, False  # the step's own data ran out: the stop is requested
                 raise
             done += 1
-        return done
+        return done, False

@@ -27,6 +27,21 @@ def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], st
                 tf.summary.histogram(tag, tensor)
 
 
+def scalars(result: Any) -> dict[str, float]:
+    """A step's numeric results by name (a bare number is ``loss``); the rest is left out.
+    Converting a tensor waits for it: call this at summary time, not every step."""
+    if result is None:
+        return {}
+    items = result.items() if isinstance(result, Mapping) else [("loss", result)]
+    found: dict[str, float] = {}
+    for key, value in items:
+        try:
+            found[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
 def create_events_file(logdir: str) -> tuple[tf.summary.SummaryWriter, str | None]:
     """A new writer in ``logdir`` and the events file it writes (``None`` if unknown).
 

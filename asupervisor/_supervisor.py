@@ -17,6 +17,7 @@ from ._checkpoints import checkpoint_root
 from ._cluster import Role, multi_worker_role
 from ._coordinator import Coordinator, session_coordinator
 from ._hooks import Hook
+from ._position import Position
 from ._services import Registration, register
 from ._session import ManagedSession
 
@@ -89,7 +90,8 @@ class Supervisor:
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
-        self.checkpoint = _make_checkpoint(checkpoint, self.global_step)
+        self.position = Position()  # epoch and batch, for train(epochs=) and fit
+        self.checkpoint = _make_checkpoint(checkpoint, self.global_step, self.position.module)
         self._services: list[Registration] = []
         self._coord = Coordinator()
         self._runtime: SessionRuntime | None = None  # the open session's, else the last one's
@@ -162,9 +164,8 @@ class Supervisor:
             # In a multi-worker job only the chief's clock decides; see _cluster.
             regs.append(register(CheckpointService(self.save_model_secs)))
         if standard and self.writes_summaries and self.save_summaries_secs > 0:
-            if self.summary_fn is not None:
-                summary = SummaryService(self.save_summaries_secs, self.summary_fn)
-                regs.append(register(summary, on_error="restart"))
+            summary = SummaryService(self.save_summaries_secs, self.summary_fn)
+            regs.append(register(summary, on_error="restart"))
             counter = StepCounterService(self.save_summaries_secs, tag=self.rate_tag)
             regs.append(register(counter, on_error="restart"))
         if standard and self.step_timeout_secs is not None:
@@ -363,7 +364,7 @@ def _make_global_step(variable: Any) -> tuple[Any, bool]:
     return variable, False
 
 
-def _make_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:
+def _make_checkpoint(checkpoint: Any, global_step: Any, position: Any) -> tf.train.Checkpoint:
     import tensorflow as tf
 
     if checkpoint is not None and not isinstance(checkpoint, (tf.train.Checkpoint, Mapping)):
@@ -371,4 +372,4 @@ def _make_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:
             "checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, "
             f"not {checkpoint!r}"
         )
-    return checkpoint_root(checkpoint, global_step)
+    return checkpoint_root(checkpoint, global_step, position)

@@ -5,26 +5,13 @@ from __future__ import annotations
 import sys
 import threading
 import time
-from collections.abc import Mapping
-from typing import Any, TextIO
+from typing import TextIO
 
 import anyio
 
 from asupervisor import ManagedSession, logger
 
 from ._checks import optional_positive_int, positive
-
-
-def _values(result: Any) -> str:
-    """The step's scalar results, e.g. ``loss 0.1234``; what is not a number is left out."""
-    items = result.items() if isinstance(result, Mapping) else [("result", result)]
-    shown = []
-    for key, value in items:
-        try:
-            shown.append(f"{key} {float(value):.4g}")
-        except (TypeError, ValueError):
-            continue
-    return "  ".join(shown)
 
 
 def _ago(seconds: float | None) -> str:
@@ -61,7 +48,8 @@ class ProgressService:
         since = None
         if last is not None and last[1] is not None:
             since = time.monotonic() - last[1]
-        parts = [step, f"{rate:.1f} steps/s", _values(sess.last_result), _ago(since)]
+        values = "  ".join(f"{k} {v:.4g}" for k, v in sess.last_scalars.items())
+        parts = [step, f"{rate:.1f} steps/s", values, _ago(since)]
         return " | ".join(p for p in parts if p)
 
     async def run(self, sess: ManagedSession) -> None:

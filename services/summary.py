@@ -12,11 +12,14 @@ from ._checks import positive
 
 class SummaryService:
     """Evaluates ``summary_fn`` on the training thread (a step boundary, off the loop)
-    and writes its values at the global step; once more after the last step."""
+    and writes its values at the global step; once more after the last step. Without a
+    ``summary_fn``, it writes the last step's numeric results (``fit``: Keras' logs)."""
 
     name = "summary"
 
-    def __init__(self, interval_secs: float, summary_fn: Callable[[], Mapping[str, Any]]) -> None:
+    def __init__(
+        self, interval_secs: float, summary_fn: Callable[[], Mapping[str, Any]] | None = None
+    ) -> None:
         self.interval_secs = positive("interval_secs", interval_secs)
         self.summary_fn = summary_fn
 
@@ -25,7 +28,7 @@ class SummaryService:
         step = sess.global_step
         if step == last:
             return last
-        values = self.summary_fn()
+        values = sess.last_scalars if self.summary_fn is None else self.summary_fn()
         sess.summary_computed(self._checked(values))
         logger.debug("summary.written", step=step, tags=sorted(values))
         return step

@@ -1,0 +1,122 @@
+"""Epochs and the position inside them are saved: a resumed run goes on at the same batch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import keras
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+
+pytestmark = pytest.mark.asyncio
+
+
+def make(logdir: str, **objects: Any) -> asv.Supervisor:
+    return asv.Supervisor(
+        logdir,
+        checkpoint=objects,
+        save_model_secs=0,
+        save_model_steps=4,
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+
+
+async def test_train_with_epochs_resumes_at_the_same_batch_after_a_crash(logdir: str) -> None:
+    v = tf.Variable(0.0)
+    data = tf.data.Dataset.range(10)  # one epoch: the batches 0..9
+    seen: list[tuple[int, int]] = []
+
+    def step(batch: tf.Tensor) -> None:
+        seen.append((int(v.numpy()) // 10, int(batch)))  # (epoch by count, batch)
+        v.assign_add(1.0)
+
+    with pytest.raises(RuntimeError, match="crash"):
+        async with make(logdir, v=v).session() as sess:
+            await sess.train(step, data, epochs=3, max_steps=14)
+            raise RuntimeError("crash: no final save")  # as a kill: the last save was at 12
+    assert sess.data_position == (1, 4)
+
+    seen.clear()
+    v.assign(0.0)
+    async with make(logdir, v=v).session() as sess:
+        assert sess.restore_report.step == 12 and sess.data_position == (1, 2)
+        assert float(v.numpy()) == 12.0
+        ran = await sess.train(step, data, epochs=3)
+    assert ran == 18 and sess.global_step == 30 and sess.data_position == (3, 0)
+    assert [b for _, b in seen] == [*range(2, 10), *range(10)]  # epoch 1 from batch 2, epoch 2
+
+
+async def test_a_function_of_the_epoch_is_called_with_each_epoch(logdir: str) -> None:
+    v = tf.Variable(0.0)
+    epochs: list[int] = []
+
+    def data(epoch: int) -> tf.data.Dataset:
+        epochs.append(epoch)
+        return tf.data.Dataset.range(5).shuffle(5, seed=epoch)  # the same order again
+
+    async with make(logdir, v=v).session() as sess:
+        await sess.train(lambda batch: v.assign_add(1.0), data, epochs=2)
+    assert epochs == [0, 1] and sess.global_step == 10
+
+
+def model_and_data() -> tuple[keras.Model, keras.optimizers.Optimizer, tf.data.Dataset]:
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(3), keras.layers.Dense(1)])
+    schedule = keras.optimizers.schedules.ExponentialDecay(0.1, decay_steps=4, decay_rate=0.5)
+    opt = keras.optimizers.SGD(schedule)
+    model.compile(optimizer=opt, loss="mse")
+    x = np.arange(64 * 4, dtype="float32").reshape(64, 4) / 256.0
+    data = tf.data.Dataset.from_tensor_slices((x, x.sum(1, keepdims=True))).batch(8)  # 8 batches
+    return model, opt, data
+
+
+class Record(keras.callbacks.Callback):
+    def __init__(self, crash_at: int | None = None) -> None:
+        super().__init__()
+        self.epochs: list[int] = []
+        self.batches = 0
+        self.crash_at = crash_at
+
+    def on_epoch_begin(self, epoch: int, logs: Any = None) -> None:
+        self.epochs.append(epoch)
+
+    def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+        self.batches += 1
+        if self.batches == self.crash_at:
+            raise RuntimeError("crash in a callback")
+
+
+async def test_fit_resumes_at_the_exact_batch_with_optimizer_schedule_and_callbacks(
+    logdir: str,
+) -> None:
+    model, opt, data = model_and_data()
+    with pytest.raises(RuntimeError, match="crash"):
+        async with make(logdir, model=model, opt=opt).session() as sess:
+            await sess.fit(model, data, epochs=3, callbacks=[Record(crash_at=13)], verbose=0)
+    # The last step-based save was at 12 = epoch 1, batch 4.
+
+    model, opt, data = model_and_data()
+    record = Record()
+    async with make(logdir, model=model, opt=opt).session() as sess:
+        assert sess.restore_report.step == 12 and sess.data_position == (1, 4)
+        history = await sess.fit(model, data, epochs=3, callbacks=[record], verbose=0)
+    assert record.epochs == [1, 2]  # Keras' callbacks see the epochs that ran
+    assert record.batches == 4 + 8  # the rest of epoch 1, then epoch 2: nothing twice
+    assert sess.global_step == 24 and int(opt.iterations.numpy()) == 24
+    assert sess.data_position == (3, 0)
+    assert np.isclose(float(opt.learning_rate), 0.1 * 0.5 ** (24 / 4))  # the schedule goes on
+    assert history.epoch == [1, 2] and len(history.history["loss"]) == 2
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-24")
+
+
+async def test_fit_is_refused_for_data_it_cannot_resume_into(logdir: str) -> None:
+    model, opt, _ = model_and_data()
+    async with make(logdir, model=model, opt=opt).session() as sess:
+        with pytest.raises(ValueError, match=r"tf\.data\.Dataset"):
+            await sess.fit(model, np.zeros((8, 4)), epochs=1)
+        with pytest.raises(ValueError, match="initial_epoch"):
+            await sess.fit(model, tf.data.Dataset.range(1), epochs=1, initial_epoch=2)
