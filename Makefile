@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo multiworker test lint bench clean
+.PHONY: demo fit multiworker test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 
 demo: $(STAMP)
 	$(PY) examples/digits.py --logdir runs/digits
+
+fit: $(STAMP)
+	$(PY) examples/fit.py --logdir runs/fit
 
 multiworker: $(STAMP)
 	$(PY) examples/multiworker.py --workers 2 --logdir runs/multiworker
@@ -30,6 +33,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/lifecycle_latency.py
 	$(PY) benchmarks/close_stall.py
+	$(PY) benchmarks/fit_overhead.py
 	$(PY) benchmarks/multiworker.py
 
 lint: $(STAMP)
