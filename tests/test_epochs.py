@@ -120,3 +120,22 @@ async def test_fit_is_refused_for_data_it_cannot_resume_into(logdir: str) -> Non
             await sess.fit(model, np.zeros((8, 4)), epochs=1)
         with pytest.raises(ValueError, match="initial_epoch"):
             await sess.fit(model, tf.data.Dataset.range(1), epochs=1, initial_epoch=2)
+
+
+async def test_fit_runs_under_a_mirrored_strategy(logdir: str) -> None:
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    with strategy.scope():
+        model, opt, data = model_and_data()
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"model": model, "opt": opt},
+        strategy=strategy,
+        save_model_secs=0,
+        save_model_steps=4,
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        await sess.fit(model, data, epochs=2, verbose=0)
+    assert sess.global_step == 16 and sess.data_position == (2, 0)
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-16")
