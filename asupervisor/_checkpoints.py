@@ -88,10 +88,13 @@ class Checkpointer:
             self.damaged_state = skip_state_file(directory, exc, move=guard is not None)
             self.manager = manager(directory if guard is not None else tempfile.mkdtemp())
         self.basename = basename
-        # Checkpoints the state file names that the supervisor did not write: restored
-        # from (a migration), never swept by retention.
-        for listed in [p for p in self.manager._maybe_delete if not is_own(p, basename)]:
-            del self.manager._maybe_delete[listed]
+        # Checkpoints the state file names that the supervisor did not write, or that are
+        # not in this directory (`../victim/model.ckpt-5`): never swept by retention.
+        here = os.path.realpath(directory)
+        for listed in list(self.manager._maybe_delete):
+            inside = os.path.dirname(os.path.realpath(listed)) == here
+            if not (inside and is_own(listed, basename)):
+                del self.manager._maybe_delete[listed]
         self.restore_status: Any = None
         self.guard = guard or WriteGuard(None)
         self.last_saved_step: int | None = None

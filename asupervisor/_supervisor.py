@@ -308,6 +308,13 @@ def _check_is_chief(is_chief: Any, strategy: Any, role: Role | None) -> bool:
 def _check_basename(basename: Any) -> str:
     if not isinstance(basename, str) or not basename or os.sep in basename:
         raise ValueError(f"checkpoint_basename must be a non-empty file name, not {basename!r}")
+    if any(c in basename for c in "*?[]") or basename in (".", ".."):
+        # TF's retention sweep globs `<basename>-<step>.*`: `m*` would sweep other runs'
+        # files in the same directory.
+        raise ValueError(
+            f"checkpoint_basename {basename!r} has a glob character (* ? [ ]); "
+            "TensorFlow's checkpoint cleanup would match other files with it"
+        )
     return basename
 
 

@@ -249,3 +249,30 @@ async def test_every_checkpoint_holds_one_step_boundary(
         }
         step = int(index.name.split("-")[1].split(".")[0])
         assert values["a"] == values["b"] == step, index.name
+
+
+async def test_retention_never_deletes_files_outside_the_logdir(
+    logdir: str, tmp_path: Path
+) -> None:
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    for ext in ("index", "data-00000-of-00001"):
+        (victim / f"model.ckpt-5.{ext}").write_text("someone else's")
+    await train(logdir, 2)
+    state = Path(logdir, "checkpoint")
+    forged = state.read_text().replace(
+        'all_model_checkpoint_paths: "model.ckpt-0"',
+        f'all_model_checkpoint_paths: "../victim/model.ckpt-5"\n'
+        f'all_model_checkpoint_paths: "{victim}/model.ckpt-5"\n'
+        'all_model_checkpoint_paths: "model.ckpt-0"',
+    )
+    assert forged != state.read_text()
+    state.write_text(forged)
+    pair = Pair()
+    async with make(logdir, pair, max_to_keep=1).session() as sess:
+        for _ in range(6):  # saves at 4, 6, 8: the sweep runs with max_to_keep=1
+            await sess.run(pair.step)
+    assert sorted(p.name for p in victim.iterdir()) == [
+        "model.ckpt-5.data-00000-of-00001",
+        "model.ckpt-5.index",
+    ]

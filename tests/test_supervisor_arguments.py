@@ -142,3 +142,9 @@ def test_an_object_store_logdir_is_refused_before_anything_is_written(
     with pytest.raises(ValueError, match=r"logdir .*object-store"):
         asv.Supervisor(url)
     assert list(tmp_path.iterdir()) == []  # no local directory named "gs:" or "ram:"
+
+
+@pytest.mark.parametrize("basename", ["m*", "model[1]", "ck?pt"])
+def test_a_basename_with_glob_characters_is_refused(basename: str, logdir: str) -> None:
+    with pytest.raises(ValueError, match=r"checkpoint_basename .*glob"):
+        asv.Supervisor(logdir, checkpoint_basename=basename)
