@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
 from . import _async_save
-from ._errors import CheckpointMismatchError, CheckpointSaveError
+from ._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
 from ._lock import WriteGuard
 from ._log import log
 from ._logdir import checkpoint_bytes, is_own, list_checkpoints, skip_state_file, sync_paths
@@ -107,7 +107,7 @@ class Checkpointer:
         self.completed: collections.deque[tuple[int, str]] = collections.deque()
         # How a failure on the writer thread stops training (set by the session).
         self.on_fatal: Callable[[BaseException], None] | None = None
-        self.fatal: CheckpointSaveError | None = None
+        self.fatal: CheckpointSaveError | LogdirLockedError | None = None
         self.durable = True  # fsync each save before the state file names it
 
     def candidates(self) -> list[str]:
@@ -224,8 +224,8 @@ class Checkpointer:
                 path: str = self.manager.save(checkpoint_number=step, options=options)
                 if self.durable:
                     sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
-        except Fenced:
-            raise
+        except (Fenced, LogdirLockedError):
+            raise  # not a failed write: this session may not write here any more
         except Exception as exc:
             fatal = self._failed(step, exc, final=final)
             if fatal is not None:
@@ -282,8 +282,8 @@ class Checkpointer:
         self.wait_for_write()
         if self.fatal is not None:
             return  # saving has failed for good; training is being stopped
-        if self.guard.closed:
-            raise Fenced("the session has closed: nothing more is written into its logdir")
+        with self.guard.writing():  # closed, or the lock lost: raised here, on the thread
+            pass
         snapshot = _async_save.take_snapshot(self.checkpoint)
         held = time.perf_counter() - started
         self.last_saved_step = step
@@ -305,6 +305,11 @@ class Checkpointer:
                 self._sync_new(prefix)
                 _async_save.commit(self.manager, prefix)
                 sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+        except LogdirLockedError as exc:
+            self.fatal = exc
+            if self.on_fatal is not None:
+                self.on_fatal(exc)
+            return
         except Exception as exc:
             fatal = self._failed(step, exc, final=False)
             if fatal is not None:

@@ -5,10 +5,11 @@ kernel drops it when its process dies, however it dies, so a lock left by a kill
 run never blocks the next one.
 
 ``WriteGuard`` ties the lock to the session's writers. A save enters the guard
-before it writes into the logdir; when the session closes, the lock is released
-at once if no save is under way, or else by the last save to leave (a write
-abandoned on a stuck thread still finishes under the lock). After close, no new
-save may enter: ``Fenced`` is raised instead.
+before it writes into the logdir, and the lock is checked to be still the file on
+disk (deleted or replaced, it no longer keeps another chief out). When the session
+closes, the lock is released at once if no save is under way, or else by the last
+save to leave (a write abandoned on a stuck thread still finishes under the lock).
+After close, no new save may enter: ``Fenced`` is raised instead.
 """
 
 from __future__ import annotations
@@ -62,6 +63,24 @@ class LogdirLock:
             raise
         self._fd = fd
 
+    def check(self) -> None:
+        """Raise ``LogdirLockedError`` if the lock file on disk is no longer ours (deleted,
+        or replaced): another chief could have taken a new lock and be writing too."""
+        if self._fd is None:
+            return
+        held = os.fstat(self._fd)
+        try:
+            now = os.stat(self.path, follow_symlinks=False)
+            same = (now.st_ino, now.st_dev) == (held.st_ino, held.st_dev)
+        except FileNotFoundError:
+            same = False
+        if not same:
+            raise LogdirLockedError(
+                f"the lock file {self.path} was removed or replaced while this chief held "
+                "it: another chief may be writing this logdir too; stopping without saving "
+                "into it"
+            )
+
     def release(self) -> None:
         if self._fd is not None:
             os.close(self._fd)
@@ -82,6 +101,8 @@ class WriteGuard:
         with self._mutex:
             if self.closed:
                 raise Fenced("the session has closed: nothing more is written into its logdir")
+            if self.lock is not None:
+                self.lock.check()  # still the one writer of this logdir
             self._writers += 1
         try:
             yield

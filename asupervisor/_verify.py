@@ -16,15 +16,27 @@ def verify_checkpoint(prefix: str) -> str | None:
 
     Every tensor is read, so a truncated or corrupt data file is caught, not only
     a missing index. Variant tensors (a tf.data iterator's state) have no numpy
-    form to read them into; the index still vouches for them.
+    form: they are read as the restore reads them (``RestoreV2``), which checks
+    their checksums too.
     """
     import tensorflow as tf
 
     try:
         reader = tf.train.load_checkpoint(prefix)
+        variants = []
         for name, dtype in reader.get_variable_to_dtype_map().items():
-            if dtype not in (tf.variant, tf.resource):
+            if dtype == tf.variant:
+                variants.append(name)
+            elif dtype != tf.resource:
                 reader.get_tensor(name)
+        if variants:
+            with tf.device("/cpu:0"):
+                tf.raw_ops.RestoreV2(
+                    prefix=prefix,
+                    tensor_names=variants,
+                    shape_and_slices=[""] * len(variants),
+                    dtypes=[tf.variant] * len(variants),
+                )
     except Exception as exc:  # TF reports damage with several error types
         first_line = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
         return f"{type(exc).__name__}: {first_line}"[:300]

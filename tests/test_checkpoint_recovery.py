@@ -276,3 +276,50 @@ async def test_retention_never_deletes_files_outside_the_logdir(
         "model.ckpt-5.data-00000-of-00001",
         "model.ckpt-5.index",
     ]
+
+
+async def test_a_bit_flip_in_a_saved_iterator_is_caught_and_falls_back(logdir: str) -> None:
+    def supervised() -> tuple[asv.Supervisor, Any]:
+        it = iter(tf.data.Dataset.range(10_000).shuffle(1000, seed=1).batch(7))
+        sv = asv.Supervisor(
+            logdir,
+            checkpoint={"it": it},
+            save_model_secs=0,
+            save_model_steps=2,
+            max_to_keep=None,
+            save_summaries_secs=0,
+            handle_signals=False,
+        )
+        return sv, it
+
+    sv, it = supervised()
+    async with sv.session() as sess:
+        for _ in range(4):  # saves at 2 and 4; the iterator's state is a variant tensor
+            await sess.run(next, it)
+    data = Path(logdir, "model.ckpt-4.data-00000-of-00001")
+    damaged = bytearray(data.read_bytes())
+    damaged[len(damaged) // 2] ^= 0x01  # inside the iterator's state, the bulk of the file
+    data.write_bytes(bytes(damaged))
+    sv, it = supervised()
+    async with sv.session() as sess:
+        assert sess.restore_report.step == 2
+        assert [Path(p).name for p, _ in sess.restore_report.skipped] == ["model.ckpt-4"]
+        assert "checksum" in sess.restore_report.skipped[0][1]
+        await sess.run(next, it)  # the restored iterator works
+
+
+@pytest.mark.parametrize("how", ["deleted", "replaced"])
+async def test_a_chief_whose_lock_file_is_taken_away_stops_before_its_next_save(
+    logdir: str, how: str
+) -> None:
+    pair = Pair()
+    with pytest.raises(asv.LogdirLockedError, match="removed or replaced"):
+        async with make(logdir, pair).session() as sess:
+            await sess.run(pair.step)
+            lock = Path(logdir, ".asupervisor.lock")
+            lock.unlink()
+            if how == "replaced":  # a second chief's lock, say
+                lock.write_text("12345")
+            for _ in range(3):
+                await sess.run(pair.step)  # the save at step 2 finds the lock gone
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-0")  # nothing after
