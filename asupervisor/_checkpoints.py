@@ -72,13 +72,21 @@ class Checkpointer:
 
         def manager(where: str) -> tf.train.CheckpointManager:
             # A new manager reads the `checkpoint` state file as it is now on disk.
-            return tf.train.CheckpointManager(
+            made = tf.train.CheckpointManager(
                 checkpoint,
                 where,
                 max_to_keep=max_to_keep,
                 keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
                 checkpoint_name=basename,
             )
+            # Checkpoints the state file names that the supervisor did not write, or
+            # not in this directory (`../victim/model.ckpt-5`): never swept by retention.
+            here = os.path.realpath(where)
+            for listed in list(made._maybe_delete):
+                inside = os.path.dirname(os.path.realpath(listed)) == here
+                if not (inside and is_own(listed, basename)):
+                    del made._maybe_delete[listed]
+            return made
 
         self._new_manager = manager
         try:
@@ -88,13 +96,6 @@ class Checkpointer:
             self.damaged_state = skip_state_file(directory, exc, move=guard is not None)
             self.manager = manager(directory if guard is not None else tempfile.mkdtemp())
         self.basename = basename
-        # Checkpoints the state file names that the supervisor did not write, or that are
-        # not in this directory (`../victim/model.ckpt-5`): never swept by retention.
-        here = os.path.realpath(directory)
-        for listed in list(self.manager._maybe_delete):
-            inside = os.path.dirname(os.path.realpath(listed)) == here
-            if not (inside and is_own(listed, basename)):
-                del self.manager._maybe_delete[listed]
         self.restore_status: Any = None
         self.guard = guard or WriteGuard(None)
         self.last_saved_step: int | None = None
@@ -135,22 +136,42 @@ class Checkpointer:
             problem = verify_checkpoint(path)
             if problem is None:
                 self.restore(path)
-                if self.damaged_state is not None and self.guard.lock is not None:
-                    self._rebuild_state(path)
+                chief = self.guard.lock is not None
+                if chief and is_own(path, self.basename) and not self._state_names(path):
+                    self._rebuild_state(path)  # the chief commits what it restored
                 return path, skipped
             log.warning("checkpoint.fallback", skipped=path, reason=problem)
             skipped.append((path, problem))
         return None, skipped
 
+    def _own_up_to(self, restored: str) -> list[str]:
+        """The supervisor's checkpoints on disk up to ``restored``, oldest first."""
+        own = [p for p in reversed(self.candidates()) if is_own(p, self.basename)]
+        return own[: own.index(restored) + 1] if restored in own else [restored]
+
+    def _state_names(self, restored: str) -> bool:
+        """Whether the state file names ``restored`` as the latest and lists every
+        checkpoint of ours on disk before it (no orphans that retention would miss)."""
+        listed = [os.path.realpath(p) for p in self.manager._maybe_delete]
+        wanted = [os.path.realpath(p) for p in self._own_up_to(restored)]
+        latest = self.manager.latest_checkpoint
+        return latest is not None and os.path.realpath(latest) == wanted[-1] and listed == wanted
+
     def _rebuild_state(self, restored: str) -> None:
-        """After a damaged state file was put aside: a new one that names the restored
-        checkpoint and the older ones on disk, so that retention counts them again."""
+        """A state file that names the restored checkpoint as the latest and the older
+        ones on disk (orphans of killed runs, or after a damaged state file was put
+        aside), so that ``tf.train.latest_checkpoint`` agrees and retention counts them."""
         import tensorflow as tf
 
-        own = [p for p in reversed(self.candidates()) if is_own(p, self.basename)]
-        older = own[: own.index(restored) + 1] if restored in own else [restored]
+        older = self._own_up_to(restored)
+        # The manager reads back only the paths that have timestamps: those of the files.
+        stamps = [os.path.getmtime(p + ".index") for p in older]
         tf.compat.v1.train.update_checkpoint_state(
-            self.directory, restored, all_model_checkpoint_paths=older
+            self.directory,
+            restored,
+            all_model_checkpoint_paths=older,
+            all_model_checkpoint_timestamps=stamps,
+            last_preserved_timestamp=min(stamps) - 1,  # none of these is "preserved"
         )
         sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
         self.manager = self._new_manager(self.directory)

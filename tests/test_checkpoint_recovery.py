@@ -323,3 +323,20 @@ async def test_a_chief_whose_lock_file_is_taken_away_stops_before_its_next_save(
             for _ in range(3):
                 await sess.run(pair.step)  # the save at step 2 finds the lock gone
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-0")  # nothing after
+
+
+async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> None:
+    await train(logdir, 8)  # saves at 0, 2, 4, 6, 8
+    # As if killed after writing 8 but before the state file named it; 2 lost the same way.
+    state = [os.path.join(logdir, f"model.ckpt-{s}") for s in (0, 4, 6)]
+    tf.compat.v1.train.update_checkpoint_state(logdir, state[-1], all_model_checkpoint_paths=state)
+    pair = Pair()
+    async with make(logdir, pair, max_to_keep=2).session() as sess:
+        assert sess.restore_report.step == 8  # complete: the newest, restored
+        assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-8")  # and committed
+        for _ in range(4):
+            await sess.run(pair.step)  # saves at 10 and 12: retention keeps two
+    on_disk = sorted(
+        int(n.split("-")[1].split(".")[0]) for n in os.listdir(logdir) if n.endswith(".index")
+    )
+    assert on_disk == [10, 12]  # no orphan left behind
