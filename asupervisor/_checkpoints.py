@@ -10,11 +10,9 @@ import collections
 import contextlib
 import glob
 import os
-import shutil
 import tempfile
 import threading
 import time
-import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
@@ -25,6 +23,7 @@ from ._lock import WriteGuard
 from ._log import log
 from ._logdir import checkpoint_bytes, is_own, list_checkpoints, skip_state_file, sync_paths
 from ._position import NAME as POSITION
+from ._root import without
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
 
@@ -199,7 +198,7 @@ class Checkpointer:
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: " + "; ".join(shapes)
             )
-        root = self.checkpoint if not absent else _without(self.checkpoint, absent)
+        root = self.checkpoint if not absent else without(self.checkpoint, absent)
         try:
             status = root.restore(path)
             status.assert_existing_objects_matched()
@@ -353,78 +352,6 @@ class Checkpointer:
                 return False
             self._writer = None
         return True
-
-
-class ScratchCheckpointer(Checkpointer):
-    """A non-chief worker's part in the saves of a multi-worker job.
-
-    The strategy's collectives need every worker in every save, but only the
-    chief's files are kept: a non-chief saves into a private temporary directory,
-    never into the logdir, and removes it straight after (TF's own pattern).
-    It restores the checkpoint the chief chose, from the chief's logdir.
-    """
-
-    def __init__(self, checkpoint: tf.train.Checkpoint, worker: str, basename: str) -> None:
-        # Not created here: TF makes it on each save, and it is removed after each.
-        name = f"asupervisor-{worker.replace(':', '')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        scratch = os.path.join(tempfile.gettempdir(), name)
-        super().__init__(
-            checkpoint,
-            scratch,
-            basename=basename,
-            max_to_keep=1,
-            keep_checkpoint_every_n_hours=None,
-        )
-        self.durable = False  # thrown away at once: no fsync
-
-    def save(self, step: int, *, force: bool = False, final: bool = False) -> str | None:
-        """Take part in the save at ``step``; nothing is kept, so nothing is returned."""
-        try:
-            super().save(step, force=force, final=final)
-        finally:
-            shutil.rmtree(self.directory, ignore_errors=True)
-        return None
-
-    def candidates(self) -> list[str]:
-        return []  # a non-chief never picks a checkpoint: the chief does
-
-
-def _without(root: Any, names: list[str]) -> Any:
-    """A root over the same objects as ``root`` but ``names``: to restore a checkpoint
-    that lacks them, checking that it fills everything else."""
-    import tensorflow as tf
-
-    children = dict(tf.train.TrackableView(root).children(root))
-    kept = {k: v for k, v in children.items() if k not in names and k != "save_counter"}
-    return tf.train.Checkpoint(**kept)
-
-
-def checkpoint_root(user: Any, global_step: Any, position: Any) -> tf.train.Checkpoint:
-    """The object the supervisor saves: the objects of the user's checkpoint (or
-    mapping), the global step and the data position, in a root of the supervisor's own.
-
-    The user's ``tf.train.Checkpoint`` is left as it was: a second Supervisor over
-    it (a retry loop, a notebook cell run twice) sees it unchanged. The files are
-    the same as if ``global_step`` had been attached to it.
-    """
-    import tensorflow as tf
-
-    if user is None:
-        children: dict[str, Any] = {}
-    elif isinstance(user, tf.train.Checkpoint):
-        children = dict(tf.train.TrackableView(user).children(user))
-        children.pop("save_counter", None)  # the root's own, made anew
-    else:
-        children = dict(user)
-    existing = children.get("global_step")
-    if existing is not None and existing is not global_step:
-        raise ValueError(
-            "checkpoint already has a `global_step` that is not the supervisor's global_step; "
-            "pass it as global_step= instead"
-        )
-    children["global_step"] = global_step
-    children[POSITION] = position
-    return tf.train.Checkpoint(**children)
 
 
 def lower_priority() -> None:

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._checkpoints import Checkpointer, RestoreReport, ScratchCheckpointer
+from ._checkpoints import Checkpointer, RestoreReport
 from ._cluster import Agreement
 from ._errors import WaitTimeout
 from ._lock import LogdirLock, WriteGuard
 from ._log import log
 from ._logdir import is_own, remove_unfinished
+from ._scratch import ScratchCheckpointer
 from ._verify import unrestored
 
 if TYPE_CHECKING:

@@ -13,11 +13,11 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
-from ._checkpoints import checkpoint_root
 from ._cluster import Role, multi_worker_role
 from ._coordinator import Coordinator, session_coordinator
 from ._hooks import Hook
 from ._position import Position
+from ._root import checkpoint_root
 from ._services import Registration, register
 from ._session import ManagedSession
 
