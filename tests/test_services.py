@@ -114,10 +114,11 @@ async def test_loop_calls_at_once_then_every_interval() -> None:
     async with sv.session() as sess:
         started = time.monotonic()
         await anyio.sleep(0.55)
-    assert calls[0] - started < 0.05, "the first call was not at once"
-    assert 5 <= len(calls) <= 7
-    gaps = [b - a for a, b in itertools.pairwise(calls)]
-    assert all(0.07 < gap < 0.2 for gap in gaps), gaps
+    # Bound by what happened, not by the machine's speed (load only delays calls):
+    assert calls[0] - started < 0.1, "the first call did not come at once"
+    assert 2 <= len(calls) <= 7, calls  # at most one call per interval: never a burst
+    for k, at in enumerate(calls):  # a fixed rate: the k-th call never before k intervals
+        assert at - calls[0] >= k * 0.1 - 0.01, [b - a for a, b in itertools.pairwise(calls)]
     assert sess.stop_reason == "requested"
 
 
