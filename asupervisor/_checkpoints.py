@@ -318,7 +318,7 @@ class Checkpointer:
 
     def _write(self, snapshot: Any, prefix: str, step: int, started: float, held: float) -> None:
         """Writer thread: files, fsync, then the state file; failures are reported."""
-        lower_priority()
+        set_priority(threading.get_native_id(), 19)
         try:
             with self.guard.writing():
                 _async_save.write_snapshot(snapshot, prefix)
@@ -347,6 +347,11 @@ class Checkpointer:
         ``False`` if it is still running after ``timeout`` seconds."""
         writer = self._writer
         if writer is not None:
+            if writer.is_alive() and writer.native_id is not None:
+                # Someone waits for it now, so it no longer yields to training: back to
+                # normal priority (allowed where the process may raise priorities; on a
+                # loaded machine a write at the lowest priority can starve for minutes).
+                set_priority(writer.native_id, 0)
             writer.join(timeout)
             if writer.is_alive():
                 return False
@@ -354,11 +359,9 @@ class Checkpointer:
         return True
 
 
-def lower_priority() -> None:
-    """Give way to training: the calling thread (only) gets the lowest CPU priority.
-
-    Eager ``SaveV2`` does its work (copying, checksums) on the calling thread, so
-    on a machine whose cores all train, the write takes only what training leaves.
-    """
+def set_priority(thread_id: int, nice: int) -> None:
+    """Set one thread's CPU priority (Linux): 19 while a background write gives way to
+    training. Eager ``SaveV2`` does its work (copying, checksums) on the calling thread,
+    so on a machine whose cores all train, the write takes only what training leaves."""
     with contextlib.suppress(AttributeError, OSError):  # not Linux, or not allowed
-        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), 19)
+        os.setpriority(os.PRIO_PROCESS, thread_id, nice)
