@@ -48,10 +48,3 @@ def optional_callable(name: str, value: Any) -> Any:
     if value is not None and not callable(value):
         raise ValueError(f"{name} must be callable or None, not {value!r}")
     return value
-
-
-def exactly_one(**named: object) -> None:
-    given = [name for name, value in named.items() if value is not None]
-    if len(given) != 1:
-        names = " or ".join(named)
-        raise ValueError(f"give exactly one of {names}, not {' and '.join(given) or 'neither'}")
