@@ -75,6 +75,7 @@ class SessionRuntime:
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps)
         self.rate_mark: tuple[int, float] | None = None  # (step, time) rates count from
+        self.rate_origin: tuple[int, float] | None = None  # when the first step ended
         self.restore_report = RestoreReport("fresh", None, 0)
         self.drain_started: float | None = None
         self.session: ManagedSession = ManagedSession(self)

@@ -157,6 +157,12 @@ class ManagedSession:
         return scalars(self._rt.stepper.last_result)
 
     @property
+    def first_step_done(self) -> tuple[int, float] | None:
+        """``(global step, time.monotonic())`` when this session's first step ended, or
+        ``None`` before it: rates measured from here leave out start-up and tracing."""
+        return self._rt.rate_origin
+
+    @property
     def last_save(self) -> tuple[int, float] | None:
         """The last checkpoint this session wrote or restored: ``(step, time.monotonic()
         when written)``; the time is ``None`` for a restored one. ``None`` if there is none."""

@@ -199,7 +199,7 @@ class Stepper:
         self.last_result = result  # for progress displays; one assignment, no copy
         if self._steps_run == 1:
             runtime.check_deferred()
-            runtime.rate_mark = (self.step.value, time.monotonic())  # rates from here
+            runtime.rate_mark = runtime.rate_origin = (self.step.value, time.monotonic())
         for hook in self.hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if self._steps_run % STILL_CHECK_EVERY == 0:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import anyio
 
 from asupervisor import ManagedSession, logger
@@ -28,18 +30,20 @@ class StepCounterService:
 
     async def run(self, sess: ManagedSession) -> None:
         first_step = sess.restore_report.step  # where the session began, not this service
-        last_step, last_time = sess.global_step, anyio.current_time()
+        last: tuple[int, float] | None = None  # (step, time) of the last point
+        quiet_since = anyio.current_time()
         while not await sess.sleep_until_stop(self.interval_secs):
+            if last is None:
+                origin = sess.first_step_done
+                if origin is None:
+                    continue  # no step yet: tracing and filling buffers are not a stall
+                last = (origin[0], origin[1] - time.monotonic() + anyio.current_time())
             step, now = sess.global_step, anyio.current_time()
-            if step == last_step:
+            if step == last[0]:
                 if step != first_step:
-                    logger.warning("step.stalled", step=step, seconds=round(now - last_time, 1))
+                    logger.warning("step.stalled", step=step, seconds=round(now - quiet_since, 1))
                 continue
-            if last_step == first_step:
-                # The first interval with steps: measure from here on.
-                last_step, last_time = step, now
-                continue
-            rate = (step - last_step) / (now - last_time)
+            rate = (step - last[0]) / (now - last[1])
             # Written on the training thread: file I/O stays off the event loop.
             await sess.call(sess.summary_computed, {self.tag: rate}, step)
-            last_step, last_time = step, now
+            last, quiet_since = (step, now), now
