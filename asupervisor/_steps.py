@@ -129,7 +129,6 @@ class Stepper:
         self.steps_since_save = 0  # steps run since the last save (whatever the step says)
         self.last_save_step: int | None = None  # for save_steps: as CheckpointSaverHook
         self.recoveries = 0  # recoveries in a row, for max_recoveries
-        self.started_at: float | None = None  # time.monotonic() when the first step began
         # Each step function: what to call for it, and whether that advances the step.
         # Bounded: a new partial or lambda per step must not pile up.
         self._fused: collections.OrderedDict[Any, tuple[Callable[..., Any], bool]] = (
@@ -182,8 +181,6 @@ class Stepper:
         )
         for hook in self.hooks:
             hook.before_run(ctx)  # type: ignore[arg-type]
-        if self.started_at is None:
-            self.started_at = time.monotonic()
         return ctx
 
     def after(self, ctx: RunContext | None, result: Any, counted_in_graph: bool) -> None:
