@@ -73,7 +73,8 @@ class SessionRuntime:
         self.position = sv.position
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
-        self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps)
+        averaging = sv.writes_summaries and sv.summary_fn is None
+        self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps, averaging)
         self.rate_mark: tuple[int, float] | None = None  # (step, time) rates count from
         self.rate_origin: tuple[int, float] | None = None  # when the first step ended
         self.restore_report = RestoreReport("fresh", None, 0)
@@ -180,7 +181,7 @@ class SessionRuntime:
         """Training thread, every ``save_summaries_steps``: ``summary_fn``'s values and the
         steps per second since the last time (from the first step: tracing is not speed)."""
         fn = self.sv.summary_fn
-        values = dict(fn()) if fn is not None else scalars(self.stepper.last_result)
+        values = dict(fn()) if fn is not None else self.step_means()
         step, now = self.step.value, time.monotonic()
         mark = self.rate_mark
         if mark is not None and step > mark[0] and now > mark[1]:
@@ -188,6 +189,11 @@ class SessionRuntime:
         self.rate_mark = (step, now)
         if values:
             self.events.write(values, step, self.sv.global_step)
+
+    def step_means(self) -> dict[str, float]:
+        """Training thread: the steps' numeric results averaged since the last call
+        (``fit``: Keras' logs as they are, already the epoch's running means)."""
+        return self.stepper.means.take() or scalars(self.stepper.last_result)
 
     def check_deferred(self) -> None:
         """Training thread, after the first step: every restored value has been taken, or

@@ -118,6 +118,13 @@ class ManagedSession:
             if name in fit_kwargs:
                 raise ValueError(f"{name}= is set by sess.fit, from the saved position")
         rt = self._rt
+        if rt.agreement is not None:
+            raise ValueError(
+                "sess.fit cannot run in a multi-worker job: Keras 3's model.fit fails under "
+                "MultiWorkerMirroredStrategy with more than one worker, with or without "
+                "asupervisor (it converts PerReplica values to tensors; keras-team/keras#20585)."
+                " Train with sess.train and a custom step, as examples/multiworker.py does"
+            )
         fit_kwargs.setdefault("shuffle", False)  # a dataset is shuffled by itself, if at all
         rt.check_not_stopped("fit")
         args = (rt, model, data, positive, tuple(callbacks), fit_kwargs)
@@ -155,6 +162,13 @@ class ManagedSession:
         """The last step's numeric results by name (``fit``: Keras' logs); a bare number
         is ``loss``. Reading it waits for the step's tensors."""
         return scalars(self._rt.stepper.last_result)
+
+    def mean_scalars(self) -> dict[str, float]:
+        """Training thread (``sess.call``): the steps' numeric results averaged since the
+        last call, when the supervisor writes summaries from results (no ``summary_fn``);
+        otherwise, and for ``fit`` (Keras' logs are already the epoch's running means),
+        the last step's. Each call starts a new interval."""
+        return self._rt.step_means()
 
     @property
     def first_step_done(self) -> tuple[int, float] | None:

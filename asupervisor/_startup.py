@@ -95,7 +95,7 @@ def _open(rt: SessionRuntime) -> None:
         # A background write that fails for good stops training, like a sync one.
         rt.checkpointer.on_fatal = lambda error: rt.flag.set(error, "requested", failure=True)
     rt.events.open()
-    rt.events.set_default(sv.global_step)
+    rt.events.set_default(rt.step.for_summaries())
 
 
 async def _wait(rt: SessionRuntime, max_wait_secs: float) -> bool:
@@ -197,6 +197,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
             source = "init_fn"
         report = RestoreReport(source, None, step.value, tuple(skipped))  # type: ignore[arg-type]
     rt.restore_report = report
+    rt.events.mark_start(step.value + 1)  # the restored state's own point stays
     rt.ready = True
     for hook in sv.hooks:
         hook.after_create_session(rt.session)
@@ -224,6 +225,8 @@ def recover(rt: SessionRuntime, exc: BaseException) -> None:
     rt.step.reload()
     rt.position.reload()
     stepper.steps_since_save = 0
+    stepper.means.clear()  # the failed steps' results are not the restored state's
+    rt.events.mark_start(rt.step.value + 1)
     log.warning(
         "step.recovered",
         error=f"{type(exc).__name__}: {exc}",

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from ._hooks import Hook, RunContext
 from ._log import log
+from ._means import ResultMeans
 from ._position import epoch_data, skipped
 from ._stopping import is_end_of_data
 
@@ -76,6 +77,14 @@ class GlobalStep:
         else:
             self._stale = True
 
+    def for_summaries(self) -> Any:
+        """The default step of ``tf.summary.*`` inside steps. Every value a step makes is
+        labelled with the step number it leaves behind (N+1 for the step from N), as
+        ``summary_fn``'s, Keras' and TF1's SummarySaverHook's are. Ours is advanced
+        after the step, so inside it the label is the variable + 1; the user's is read
+        where the summary is written (after the user's own increment, it is N+1)."""
+        return _StepAfter(self.variable) if self.owned else self.variable
+
     def fuse(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
         """For a ``tf.function`` step and our own variable: one ``tf.function`` that
         runs the step and then the increment, in the same graph call.
@@ -108,6 +117,35 @@ class GlobalStep:
         return fused  # type: ignore[no-any-return]
 
 
+class _StepAfter:
+    """Converts to ``variable + 1`` where a summary op reads it (in a graph: at run time)."""
+
+    registered = False
+
+    def __init__(self, variable: Any) -> None:
+        import tensorflow as tf
+
+        self.variable = variable
+        if not _StepAfter.registered:
+            tf.register_tensor_conversion_function(_StepAfter, _step_after_tensor)
+            _StepAfter.registered = True
+
+    def __int__(self) -> int:  # for code that reads tf.summary.experimental.get_step()
+        return int(self.variable.numpy()) + 1
+
+    def numpy(self) -> Any:
+        return self.variable.numpy() + 1
+
+
+def _step_after_tensor(
+    value: _StepAfter, dtype: Any = None, name: str | None = None, as_ref: bool = False
+) -> Any:
+    import tensorflow as tf
+
+    tensor = value.variable.read_value() + 1
+    return tensor if dtype is None else tf.cast(tensor, dtype)
+
+
 class Stepper:
     """What a step does on the training thread, and what steps have done so far."""
 
@@ -118,8 +156,11 @@ class Stepper:
         hooks: Sequence[Hook],
         save_steps: int | None,
         summary_steps: int | None = None,
+        averaging: bool = False,
     ) -> None:
         self.runtime = runtime
+        self.averaging = averaging  # keep results for their means (summaries from results)
+        self.means = ResultMeans()
         self.summary_steps = summary_steps
         self.last_summary_step: int | None = None
         self.step = step
@@ -183,8 +224,15 @@ class Stepper:
             hook.before_run(ctx)  # type: ignore[arg-type]
         return ctx
 
-    def after(self, ctx: RunContext | None, result: Any, counted_in_graph: bool) -> None:
-        """After a successful step: count it, run the hooks, then what is due."""
+    def after(
+        self,
+        ctx: RunContext | None,
+        result: Any,
+        counted_in_graph: bool,
+        running_means: bool = False,
+    ) -> None:
+        """After a successful step: count it, run the hooks, then what is due.
+        ``running_means``: the result is already a mean (Keras' logs), not averaged again."""
         runtime = self.runtime
         runtime.check_open()  # an abandoned step that returns at last does nothing more
         self.recoveries = 0
@@ -194,6 +242,8 @@ class Stepper:
         if runtime.position.counting:
             runtime.position.batch += 1
         self.last_result = result  # for progress displays; one assignment, no copy
+        if self.averaging and not running_means:
+            self.means.add(result)
         if self._steps_run == 1:
             runtime.check_deferred()
             runtime.rate_mark = runtime.rate_origin = (self.step.value, time.monotonic())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import threading
+import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
@@ -81,6 +82,21 @@ class EventsFile:
         """On the training thread: ``tf.summary.*`` inside steps writes here."""
         if self.writer is not None:
             self.writer.set_as_default(step=step)
+
+    def mark_start(self, step: int) -> None:
+        """A ``SessionLog.START`` at ``step`` first in the session's own file: TensorBoard
+        drops the points a crashed session wrote at or after it (those past the
+        restored checkpoint), as it did for TF1's Supervisor."""
+        if self.path is None or self.writer is None:
+            return  # a writer the user gave: its contents are the user's
+        import tensorflow as tf
+        from tensorflow.core.util import event_pb2
+        from tensorflow.python.ops import summary_ops_v2
+
+        event = event_pb2.Event(step=step, wall_time=time.time())
+        event.session_log.status = event_pb2.SessionLog.START
+        with self._lock, self.writer.as_default():
+            summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
 
     def write(self, values: Mapping[str, Any], step: int, default_step: Any = None) -> None:
         with self._lock:

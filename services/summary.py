@@ -13,7 +13,8 @@ from ._checks import positive
 class SummaryService:
     """Evaluates ``summary_fn`` on the training thread (a step boundary, off the loop)
     and writes its values at the global step; once more after the last step. Without a
-    ``summary_fn``, it writes the last step's numeric results (``fit``: Keras' logs)."""
+    ``summary_fn``, it writes the steps' numeric results averaged over the interval
+    (``fit``: Keras' logs, already running means)."""
 
     name = "summary"
 
@@ -28,7 +29,7 @@ class SummaryService:
         step = sess.global_step
         if step == last:
             return last
-        values = sess.last_scalars if self.summary_fn is None else self.summary_fn()
+        values = sess.mean_scalars() if self.summary_fn is None else self.summary_fn()
         sess.summary_computed(self._checked(values))
         logger.debug("summary.written", step=step, tags=sorted(values))
         return step

@@ -211,3 +211,62 @@ def test_sigkill_of_a_worker_ends_the_other_cleanly_and_the_job_resumes(
     for worker in again:
         worker.wait_for(rf"starting at step {last} \(", timeout=1)
     assert [w.stopped_at() for w in again] == [(last + 50, "step_limit")] * 2
+
+
+FIT_IN_A_JOB = """
+import sys
+
+import anyio
+import keras
+import tensorflow as tf
+
+import asupervisor as asv
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+data = tf.data.Dataset.from_tensor_slices((tf.zeros((8, 4)), tf.zeros((8, 1)))).batch(4)
+
+
+async def main() -> None:
+    sv = asv.Supervisor(
+        sys.argv[1], checkpoint={"model": model}, strategy=strategy, is_chief=None,
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        try:
+            await sess.fit(model, data, epochs=1)
+        except ValueError as exc:
+            print(f"refused at step {sess.global_step}: {exc}", flush=True)
+
+
+anyio.run(main)
+"""
+
+
+def test_fit_in_a_multi_worker_job_is_refused_before_any_batch(
+    tmp_path: Path, scratch: Path
+) -> None:
+    # Keras 3's own model.fit fails under a two-worker MultiWorkerMirroredStrategy (with
+    # a PerReplica conversion error deep in the first batch): say so at the call instead.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch)}
+    job = [
+        subprocess.Popen(
+            [sys.executable, "-c", FIT_IN_A_JOB, str(tmp_path / "run")],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, "TF_CONFIG": config},
+        )
+        for config in local_tf_configs(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=120)[0] for proc in job]
+    finally:
+        for proc in job:
+            proc.kill()
+    for proc, output in zip(job, outputs, strict=True):
+        assert proc.returncode == 0, output[-3000:]
+        assert "refused at step 0: sess.fit cannot run in a multi-worker job" in output
+        assert "keras-team/keras#20585" in output and "sess.train" in output

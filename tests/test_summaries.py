@@ -71,7 +71,7 @@ async def test_steps_write_summaries_into_the_runs_events_file(logdir: str) -> N
         assert sv.summary_writer is not None
     files, acc = read_events(logdir)
     assert len(files) == 1
-    assert [s for s, _ in scalars(acc, "from_step")] == [0, 1, 2]
+    assert [s for s, _ in scalars(acc, "from_step")] == [1, 2, 3]  # the step each leaves
     assert scalars(acc, "by_hand") == [(100, 7.0)]
     assert sv.summary_writer is None  # closed with the session
 
@@ -144,3 +144,126 @@ async def test_a_stalled_step_is_warned_about(logdir: str, events: list[dict[str
         await sess.run(time.sleep, 0.5)
     stalled = [e for e in events if e["event"] == "step.stalled"]
     assert stalled and stalled[0]["step"] == 1
+
+
+def points(acc: Any, tag: str) -> list[tuple[int, float]]:
+    return [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+
+
+async def test_step_results_are_averaged_over_each_step_interval(logdir: str) -> None:
+    v = tf.Variable(0.0)
+
+    def step() -> dict[str, Any]:
+        v.assign_add(1.0)
+        return {"loss": v.read_value(), "note": "not a number"}
+
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"v": v},
+        save_model_secs=0,
+        save_summaries_secs=0,
+        save_summaries_steps=4,
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        for _ in range(8):
+            await sess.run(step)
+    _, acc = read_events(logdir)
+    assert scalars(acc, "loss") == [(4, 2.5), (8, 6.5)]  # means of 1..4 and 5..8
+    assert "note" not in acc.Tags()["tensors"]
+
+
+async def test_timed_summaries_average_the_steps_since_the_previous_point(logdir: str) -> None:
+    v = tf.Variable(0.0)
+
+    @tf.function
+    def step() -> tf.Tensor:
+        v.assign_add(1.0)
+        return v.read_value()  # a bare number: "loss"
+
+    sv = asv.Supervisor(
+        logdir, checkpoint={"v": v}, save_model_secs=0, save_summaries_secs=0.05,
+        handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        for _ in range(300):
+            await sess.run(step)
+            if sess.global_step % 50 == 0:
+                await anyio.sleep(0.06)
+    _, acc = read_events(logdir)
+    written = scalars(acc, "loss")
+    assert len(written) >= 2 and written[-1][0] == 300
+    previous = 0
+    for step_no, value in written:  # the loss of step k is k: the mean of (p, s] is known
+        assert value == (previous + 1 + step_no) / 2, (previous, step_no, value)
+        previous = step_no
+
+
+@pytest.mark.parametrize("compiled", [True, False], ids=["tf.function", "eager"])
+@pytest.mark.parametrize("own_step", [True, False], ids=["supervisor_step", "user_step"])
+async def test_in_step_summaries_land_at_the_step_of_summary_fn(
+    logdir: str, compiled: bool, own_step: bool
+) -> None:
+    v = tf.Variable(0.0)
+    user_step = tf.Variable(0, dtype=tf.int64)
+
+    def step() -> None:
+        v.assign_add(1.0)
+        if not own_step:
+            user_step.assign_add(1)  # as optimizer.apply_gradients does, before the summary
+        tf.summary.scalar("inside", v)
+
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"v": v, "user_step": user_step},
+        global_step=None if own_step else user_step,
+        save_model_secs=0,
+        save_summaries_secs=0,
+        save_summaries_steps=1,
+        summary_fn=lambda: {"outside": v},
+        handle_signals=False,
+    )
+    fn = tf.function(step) if compiled else step
+    async with sv.session() as sess:
+        for _ in range(5):
+            await sess.run(fn)
+    _, acc = read_events(logdir)
+    # The state after the step from N to N+1 is labelled N+1 by every source.
+    assert scalars(acc, "inside") == [(n, float(n)) for n in range(1, 6)]
+    assert scalars(acc, "outside") == [(n, float(n)) for n in range(1, 6)]
+
+
+async def test_each_session_start_drops_the_points_a_crashed_session_wrote_after_its_checkpoint(
+    logdir: str,
+) -> None:
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    v = tf.Variable(0.0)
+
+    def make() -> asv.Supervisor:
+        return asv.Supervisor(
+            logdir,
+            checkpoint={"v": v},
+            save_model_secs=0,
+            save_model_steps=5,
+            save_summaries_secs=0,
+            save_summaries_steps=1,
+            summary_fn=lambda: {"v": v},
+            handle_signals=False,
+        )
+
+    with pytest.raises(RuntimeError, match="crash"):
+        async with make().session() as sess:
+            for _ in range(8):
+                await sess.run(v.assign_add, 10.0)  # points 1..8; checkpoint at 5
+            raise RuntimeError("crash")  # an error: no final save
+    async with make().session() as sess:
+        assert sess.restore_report.step == 5
+        for _ in range(3):
+            await sess.run(v.assign_add, 1.0)  # points 6..8 again, with other values
+    # TensorBoard's own loader (the one its server uses), not the legacy accumulator.
+    acc = plugin_event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    assert points(acc, "v") == [
+        (1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0), (7, 52.0), (8, 53.0)
+    ]  # fmt: skip
