@@ -43,7 +43,9 @@ def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
     from tensorflow.python.checkpoint import functional_saver
 
     tensors, registered_savers = snapshot
-    os.makedirs(os.path.dirname(prefix) or ".", exist_ok=True)
+    import tensorflow as tf
+
+    tf.io.gfile.makedirs(os.path.dirname(prefix) or ".")
     functional_saver.MultiDeviceSaver(tensors, registered_savers).save(prefix)
 
 

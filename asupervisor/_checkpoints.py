@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import glob
 import os
 import tempfile
 import threading
@@ -21,9 +20,18 @@ from . import _async_save
 from ._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
 from ._lock import WriteGuard
 from ._log import log
-from ._logdir import checkpoint_bytes, is_own, list_checkpoints, skip_state_file, sync_paths
+from ._logdir import (
+    STATE,
+    checkpoint_bytes,
+    files_problem,
+    is_own,
+    list_checkpoints,
+    read_state,
+    skip_state_file,
+)
 from ._position import NAME as POSITION
 from ._root import without
+from ._store import Store
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
 
@@ -31,6 +39,19 @@ if TYPE_CHECKING:
     import tensorflow as tf
 
 MAX_CONSECUTIVE_FAILURES = 3
+VANISHED_RETRIES = 100  # passes over the logdir while the chief's sweep removes what we chose
+
+
+def _vanished_text(problem: str) -> bool:
+    """A verification that failed on missing files (swept meanwhile, perhaps)."""
+    return problem.startswith("NotFoundError") or "not find any matching files" in problem
+
+
+def _vanished(exc: BaseException) -> bool:
+    """A read failed because the files are gone (TF's NotFoundError), not damaged."""
+    import tensorflow as tf
+
+    return isinstance(exc, (tf.errors.NotFoundError, FileNotFoundError))
 
 
 @dataclass(frozen=True)
@@ -66,7 +87,12 @@ class Checkpointer:
         import tensorflow as tf
 
         self.checkpoint = checkpoint
+        # Made now, not by the first restore: a restore that fails half way (its files
+        # swept meanwhile) would leave the counter waiting for that checkpoint's value,
+        # and the next restore, of another checkpoint, would fail on it.
+        _ = checkpoint.save_counter
         self.directory = directory
+        self.store = store = Store(directory)
         self.damaged_state: tuple[str, str] | None = None  # (state file, why it was skipped)
 
         def manager(where: str) -> tf.train.CheckpointManager:
@@ -80,19 +106,18 @@ class Checkpointer:
             )
             # Checkpoints the state file names that the supervisor did not write, or
             # not in this directory (`../victim/model.ckpt-5`): never swept by retention.
-            here = os.path.realpath(where)
             for listed in list(made._maybe_delete):
-                inside = os.path.dirname(os.path.realpath(listed)) == here
-                if not (inside and is_own(listed, basename)):
+                if Store(where).name_of(listed) is None or not is_own(listed, basename):
                     del made._maybe_delete[listed]
             return made
 
         self._new_manager = manager
         try:
+            read_state(store)  # bounded, never blocking: before TF's reader sees it
             self.manager = manager(directory)
         except Exception as exc:  # an unreadable state file: skipped, like a damaged checkpoint
             # Only the chief (the one with a guard over the logdir) moves a file there.
-            self.damaged_state = skip_state_file(directory, exc, move=guard is not None)
+            self.damaged_state = skip_state_file(store, exc, move=guard is not None)
             self.manager = manager(directory if guard is not None else tempfile.mkdtemp())
         self.basename = basename
         self.restore_status: Any = None
@@ -109,6 +134,7 @@ class Checkpointer:
         self.on_fatal: Callable[[BaseException], None] | None = None
         self.fatal: CheckpointSaveError | LogdirLockedError | None = None
         self.durable = True  # fsync each save before the state file names it
+        self._verified: dict[tuple[str, float | None], bool] = {}  # for good_exists()
 
     def candidates(self) -> list[str]:
         """Every checkpoint in the directory, newest step first.
@@ -116,7 +142,10 @@ class Checkpointer:
         The state file's list and the index files on disk are merged: a lost or
         corrupt state file must not hide the checkpoints beside it.
         """
-        return list_checkpoints(self.directory, self.basename)
+        # The chief (lock holder) is the only writer: every complete file is its own.
+        # Anyone else reads beside a live writer, and trusts only what is committed.
+        committed_only = self.guard.lock is None
+        return list_checkpoints(self.store, self.basename, committed_only)
 
     def latest(self) -> str | None:
         found = self.candidates()
@@ -131,17 +160,67 @@ class Checkpointer:
         wrong logdir, not damage, and no older checkpoint would fix it.
         """
         skipped: list[tuple[str, str]] = [self.damaged_state] if self.damaged_state else []
+        failed: set[str] = set()  # failed once while the logdir changed: damage if again
+        for _ in range(VANISHED_RETRIES):
+            path, vanished = self._restore_first_good(skipped, failed)
+            if not vanished:
+                return path, skipped
+        return None, skipped
+
+    def _restore_first_good(
+        self, skipped: list[tuple[str, str]], failed: set[str]
+    ) -> tuple[str | None, bool]:
+        """One pass over the candidates; ``(None, True)`` when one failed because the
+        logdir changed under it (the chief's retention swept it mid-read): the caller
+        lists again, newer ones first. Failing a second time, it is damage."""
         for path in self.candidates():
-            problem = verify_checkpoint(path)
+            problem = files_problem(self.store, path) or verify_checkpoint(path)
+            try:
+                if problem is None:
+                    self.restore(path)
+            except Exception as exc:
+                # Files swept away in the middle of a restore fail it in several ways (a
+                # NotFoundError, or objects left unbound): gone is gone, not damage. A
+                # mismatch stands only if the checkpoint is still there, whole.
+                if not _vanished(exc) and not self._gone(path) and verify_checkpoint(path) is None:
+                    raise
+                problem = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
+            if problem is not None and path not in failed:
+                if _vanished_text(problem) or self._gone(path):
+                    failed.add(path)
+                    log.info("checkpoint.vanished", path=path, reason=problem)
+                    return None, True  # listed again: newer ones first
             if problem is None:
-                self.restore(path)
                 chief = self.guard.lock is not None
                 if chief and is_own(path, self.basename) and not self._state_names(path):
                     self._rebuild_state(path)  # the chief commits what it restored
-                return path, skipped
-            log.warning("checkpoint.fallback", skipped=path, reason=problem)
-            skipped.append((path, problem))
-        return None, skipped
+                return path, False
+            if path not in (p for p, _ in skipped):  # once, however many passes
+                log.warning("checkpoint.fallback", skipped=path, reason=problem)
+                skipped.append((path, problem))
+        return None, False
+
+    def _gone(self, path: str) -> bool:
+        """Whether ``path`` is no longer a candidate, or its files are gone."""
+        return path not in self.candidates() or files_problem(self.store, path) is not None
+
+    def good_exists(self) -> bool:
+        """Whether a checkpoint that reads back whole is here (what a waiting non-chief
+        waits for: damaged ones do not count). Each is verified once."""
+        for path in self.candidates():
+            key = (path, self._stamp(path))
+            if key not in self._verified:
+                problem = files_problem(self.store, path) or verify_checkpoint(path)
+                self._verified[key] = problem is None
+            if self._verified[key]:
+                return True
+        return False
+
+    def _stamp(self, path: str) -> float | None:
+        try:
+            return self.store.mtime(os.path.basename(path) + ".index")
+        except OSError:
+            return None
 
     def _own_up_to(self, restored: str) -> list[str]:
         """The supervisor's checkpoints on disk up to ``restored``, oldest first."""
@@ -151,10 +230,11 @@ class Checkpointer:
     def _state_names(self, restored: str) -> bool:
         """Whether the state file names ``restored`` as the latest and lists every
         checkpoint of ours on disk before it (no orphans that retention would miss)."""
-        listed = [os.path.realpath(p) for p in self.manager._maybe_delete]
-        wanted = [os.path.realpath(p) for p in self._own_up_to(restored)]
+        name = self.store.name_of
+        listed = [name(p) for p in self.manager._maybe_delete]
+        wanted = [name(p) for p in self._own_up_to(restored)]
         latest = self.manager.latest_checkpoint
-        return latest is not None and os.path.realpath(latest) == wanted[-1] and listed == wanted
+        return latest is not None and name(latest) == wanted[-1] and listed == wanted
 
     def _rebuild_state(self, restored: str) -> None:
         """A state file that names the restored checkpoint as the latest and the older
@@ -164,7 +244,7 @@ class Checkpointer:
 
         older = self._own_up_to(restored)
         # The manager reads back only the paths that have timestamps: those of the files.
-        stamps = [os.path.getmtime(p + ".index") for p in older]
+        stamps = [self.store.mtime(os.path.basename(p) + ".index") for p in older]
         tf.compat.v1.train.update_checkpoint_state(
             self.directory,
             restored,
@@ -172,7 +252,7 @@ class Checkpointer:
             all_model_checkpoint_timestamps=stamps,
             last_preserved_timestamp=min(stamps) - 1,  # none of these is "preserved"
         )
-        sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+        self.store.sync([STATE])
         self.manager = self._new_manager(self.directory)
 
     def restore(self, path: str) -> None:
@@ -209,7 +289,7 @@ class Checkpointer:
         self.restore_status = status
 
     def _sync_new(self, prefix: str) -> None:
-        sync_paths([*glob.glob(glob.escape(prefix) + ".*"), self.directory])
+        self.store.sync(self.store.files_of(os.path.basename(prefix)))
 
     def save(self, step: int, *, force: bool = False, final: bool = False) -> str | None:
         """Save at ``step``; ``None`` if a checkpoint for it exists or the save failed.
@@ -243,7 +323,7 @@ class Checkpointer:
             with self.guard.writing():
                 path: str = self.manager.save(checkpoint_number=step, options=options)
                 if self.durable:
-                    sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+                    self.store.sync([STATE])
         except (Fenced, LogdirLockedError):
             raise  # not a failed write: this session may not write here any more
         except Exception as exc:
@@ -291,7 +371,7 @@ class Checkpointer:
             step=step,
             seconds=round(seconds, 4),
             blocked_seconds=round(blocked, 4),
-            bytes=checkpoint_bytes(path),
+            bytes=checkpoint_bytes(self.store, path),
         )
 
     # -- asynchronous writes ---------------------------------------------------
@@ -324,7 +404,7 @@ class Checkpointer:
                 _async_save.write_snapshot(snapshot, prefix)
                 self._sync_new(prefix)
                 _async_save.commit(self.manager, prefix)
-                sync_paths([os.path.join(self.directory, "checkpoint"), self.directory])
+                self.store.sync([STATE])
         except LogdirLockedError as exc:
             self.fatal = exc
             if self.on_fatal is not None:

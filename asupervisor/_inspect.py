@@ -1,7 +1,10 @@
 """What is in a logdir: checkpoints, the latest step, scalar tags, events files.
 
 Used by ``asupervisor inspect``. TensorFlow is imported only when there is a
-checkpoint to verify or an events file to read.
+checkpoint to verify or an events file to read. Any directory is safe to inspect:
+files are read through the logdir's store (regular files only, bounded reads, no
+symlink followed out of the logdir), so a FIFO, a device or a link loop is reported
+as damage instead of hanging or crashing the command.
 """
 
 from __future__ import annotations
@@ -12,7 +15,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ._logdir import checkpoint_bytes
+from ._logdir import STATE, checkpoint_bytes, files_problem
+from ._store import Store, is_object_store
 from ._verify import verify_checkpoint
 
 _INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)\.index$")
@@ -62,33 +66,39 @@ def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
 
 
-def _latest_from_state_file(logdir: str) -> str | None:
+def _latest_from_state_file(store: Store) -> str | None:
     """The `checkpoint` state file's model_checkpoint_path, read without TensorFlow."""
     try:
-        with open(os.path.join(logdir, "checkpoint"), encoding="utf-8") as state:
-            for line in state:
-                if line.startswith("model_checkpoint_path:"):
-                    path = line.split(":", 1)[1].strip().strip('"')
-                    return path if os.path.isabs(path) else os.path.join(logdir, path)
+        text = store.read(STATE).decode("utf-8", errors="replace")
     except OSError:
         return None
+    for line in text.splitlines():
+        if line.startswith("model_checkpoint_path:"):
+            path = line.split(":", 1)[1].strip().strip('"')
+            return path if os.path.isabs(path) or "://" in path else store.path(path)
     return None
 
 
-def find_checkpoints(logdir: str, names: list[str], verify: bool) -> list[CheckpointInfo]:
+def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[CheckpointInfo]:
     found = []
     for name in names:
         match = _INDEX.match(name)
         if match is None:
             continue
-        prefix = os.path.join(logdir, name[: -len(".index")])
-        problem = verify_checkpoint(prefix) if verify else None
+        prefix = store.path(name[: -len(".index")])
+        problem = files_problem(store, prefix)
+        if problem is None and verify:
+            problem = verify_checkpoint(prefix)
+        try:
+            saved = _iso(store.mtime(name))
+        except OSError:
+            saved = "unknown"
         found.append(
             CheckpointInfo(
                 path=prefix,
                 step=int(match["step"]),
-                saved=_iso(os.path.getmtime(prefix + ".index")),
-                bytes=checkpoint_bytes(prefix),
+                saved=saved,
+                bytes=checkpoint_bytes(store, prefix),
                 readable=problem is None,
                 problem=problem,
             )
@@ -113,14 +123,17 @@ def _record(tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: 
             tag.last_value = float(value.simple_value if array is None else array)
 
 
-def read_events(logdir: str, names: list[str], tags: dict[str, TagInfo]) -> list[EventsFileInfo]:
+def read_events(store: Store, names: list[str], tags: dict[str, TagInfo]) -> list[EventsFileInfo]:
     import tensorflow as tf
     from tensorflow.core.util import event_pb2
 
     files = []
     for name in sorted(n for n in names if n.startswith("events.out.tfevents.")):
-        path = os.path.join(logdir, name)
-        info = EventsFileInfo(name=name, bytes=os.path.getsize(path), events=0)
+        if store.kind(name) != "file":
+            files.append(EventsFileInfo(name, 0, 0, "not a regular file inside the logdir"))
+            continue
+        path = store.path(name)
+        info = EventsFileInfo(name=name, bytes=store.size(name), events=0)
         kinds: dict[str, str] = {}
         try:
             for record in tf.data.TFRecordDataset(path):
@@ -136,17 +149,19 @@ def read_events(logdir: str, names: list[str], tags: dict[str, TagInfo]) -> list
 
 def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
     """Read a logdir. Raises FileNotFoundError or NotADirectoryError for a bad path."""
-    if not os.path.exists(logdir):
-        raise FileNotFoundError(f"logdir {logdir!r} does not exist")
-    if not os.path.isdir(logdir):
-        raise NotADirectoryError(f"logdir {logdir!r} is not a directory")
-    names = sorted(os.listdir(logdir))
-    latest = _latest_from_state_file(logdir)
+    if not is_object_store(logdir):
+        if not os.path.exists(logdir):
+            raise FileNotFoundError(f"logdir {logdir!r} does not exist")
+        if not os.path.isdir(logdir):
+            raise NotADirectoryError(f"logdir {logdir!r} is not a directory")
+    store = Store(logdir)
+    names = sorted(store.names())
+    latest = _latest_from_state_file(store)
     match = _INDEX.match(os.path.basename(latest) + ".index") if latest else None
     report = LogdirReport(logdir, latest, int(match["step"]) if match else None)
-    report.checkpoints = find_checkpoints(logdir, names, verify)
+    report.checkpoints = find_checkpoints(store, names, verify)
     report.events_files = (
-        read_events(logdir, names, report.tags)
+        read_events(store, names, report.tags)
         if any(n.startswith("events.out.tfevents.") for n in names)
         else []
     )

@@ -2,7 +2,9 @@
 
 ``LogdirLock`` is an exclusive ``flock`` on ``<logdir>/.asupervisor.lock``: the
 kernel drops it when its process dies, however it dies, so a lock left by a killed
-run never blocks the next one.
+run never blocks the next one. An object store (``gs://``, ``s3://``) has no locks:
+there ``LeaseLock`` writes a lease object naming its owner and its expiry, renewed
+by a heartbeat; ``make_lock`` picks the one the logdir's file system allows.
 
 ``WriteGuard`` ties the lock to the session's writers. A save enters the guard
 before it writes into the logdir, and the lock is checked to be still the file on
@@ -16,14 +18,22 @@ from __future__ import annotations
 
 import errno
 import fcntl
+import json
 import os
+import socket
+import stat
 import threading
+import time
+import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
 from ._errors import LogdirLockedError
 from ._log import log
+from ._store import Store
 from ._worker import Fenced
+
+LEASE_SECS = 30.0  # a lease not renewed for this long is a dead chief's
 
 
 class LogdirLock:
@@ -37,7 +47,8 @@ class LogdirLock:
         """Take the lock or raise ``LogdirLockedError``; never leaves a descriptor open
         on failure. A symlink in the lock's place is refused, not followed."""
         try:
-            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+            fd = os.open(self.path, flags, 0o644)
         except OSError as exc:
             why = "it is a symlink" if exc.errno == errno.ELOOP else exc.strerror
             raise type(exc)(
@@ -46,6 +57,12 @@ class LogdirLock:
                 f"its lock file {self.path} could not be opened ({why})",
             ) from exc
         try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise OSError(
+                    errno.EINVAL,
+                    f"cannot write into logdir {os.path.dirname(self.path)!r}: its lock file "
+                    f"{self.path} is not a regular file",
+                )
             try:
                 fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
             except OSError as exc:
@@ -87,10 +104,91 @@ class LogdirLock:
             self._fd = None
 
 
+class LeaseLock:
+    """One chief per object-store logdir: a lease object ``.asupervisor.lease`` holding
+    the owner and the wall-clock time it expires, renewed every third of its length by
+    a heartbeat thread, and re-read before each save.
+
+    Its limits, as any lease on a store without compare-and-swap: two chiefs starting
+    within the same moment can both see no lease, both write one, and the later write
+    wins; the loser finds out when it reads the lease back (before its first write)
+    or at its next save, and stops with ``LogdirLockedError``. Hosts' clocks must agree
+    to well within ``LEASE_SECS``. A killed chief's lease blocks a new chief until it
+    expires (at most ``LEASE_SECS``); the error says when.
+    """
+
+    NAME = ".asupervisor.lease"
+
+    def __init__(self, store: Store, seconds: float = LEASE_SECS) -> None:
+        self.store, self.seconds = store, seconds
+        self.path = store.path(self.NAME)
+        self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self._stop = threading.Event()
+        self._lost: str | None = None
+
+    def _read(self) -> dict[str, object] | None:
+        try:
+            lease = json.loads(self.store.read(self.NAME))
+        except (OSError, ValueError):
+            return None  # none, or unreadable (a torn write): nobody holds it
+        return lease if isinstance(lease, dict) else None
+
+    def _write(self) -> None:
+        lease = {"owner": self.owner, "expires": time.time() + self.seconds}
+        self.store.write(self.NAME, json.dumps(lease).encode())
+
+    def acquire(self) -> None:
+        held = self._read()
+        if held is not None and held.get("owner") != self.owner:
+            expires = float(held.get("expires", 0))  # type: ignore[arg-type]
+            if expires > time.time():
+                raise LogdirLockedError(
+                    f"logdir {self.store.root!r} is leased by another chief ({held.get('owner')}) "
+                    f"for {expires - time.time():.0f} s more; a killed chief's lease expires "
+                    "by then. Give each run its own logdir, or make this one a non-chief"
+                )
+            log.warning("logdir.lease_expired", path=self.path, owner=held.get("owner"))
+        self._write()
+        self.check()  # another chief's write right after ours wins: we stop here
+        threading.Thread(target=self._heartbeat, name="asupervisor-lease", daemon=True).start()
+
+    def _heartbeat(self) -> None:
+        while not self._stop.wait(self.seconds / 3):
+            try:
+                self.check()
+                self._write()
+            except LogdirLockedError as exc:
+                self._lost = str(exc)
+                return
+            except Exception as exc:  # the store is unreachable: the next beat tries again
+                log.warning("logdir.lease_not_renewed", path=self.path, error=repr(exc))
+
+    def check(self) -> None:
+        """Raise ``LogdirLockedError`` if the lease is no longer ours."""
+        held = self._read()
+        if self._lost is not None or held is None or held.get("owner") != self.owner:
+            raise LogdirLockedError(
+                f"the lease {self.path} was removed or taken by another chief "
+                f"({held.get('owner') if held else 'none'}) while this chief held it: "
+                "another chief may be writing this logdir too; stopping without saving into it"
+            )
+
+    def release(self) -> None:
+        self._stop.set()
+        held = self._read()
+        if held is not None and held.get("owner") == self.owner:
+            self.store.remove(self.NAME)
+
+
+def make_lock(store: Store) -> LogdirLock | LeaseLock:
+    """A flock on a local (or mounted) file system, a lease on an object store."""
+    return LogdirLock(store.root) if store.local else LeaseLock(store)
+
+
 class WriteGuard:
     """Counts the saves under way; releases the lock when closed and none is left."""
 
-    def __init__(self, lock: LogdirLock | None) -> None:
+    def __init__(self, lock: LogdirLock | LeaseLock | None) -> None:
         self.lock = lock  # None: a guard over no logdir of this process's own
         self._mutex = threading.Lock()
         self._writers = 0

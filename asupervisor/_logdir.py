@@ -1,19 +1,21 @@
-"""What is in a logdir, by name: the supervisor's checkpoints and others', fsync, cleanup.
+"""What is in a logdir, by name: the supervisor's checkpoints and others', the state file.
 
 A checkpoint of the supervisor's own is ``<basename>-<step>``; any other checkpoint
 the state file names (``ckpt-1`` from ``tf.train.CheckpointManager``) is foreign:
-it may be restored from, but it is never swept or deleted.
+it may be restored from, but it is never swept or deleted. Only checkpoints directly
+inside the logdir count: a state file naming ``../victim/model.ckpt-5`` names nothing.
 """
 
 from __future__ import annotations
 
-import contextlib
-import glob
 import os
 import re
-import shutil
+from typing import Any
 
 from ._log import log
+from ._store import Store
+
+STATE = "checkpoint"  # TF's state file: which checkpoints exist, the latest last
 
 
 def is_own(path: str, basename: str) -> bool:
@@ -21,7 +23,7 @@ def is_own(path: str, basename: str) -> bool:
     return re.fullmatch(re.escape(basename) + r"-\d+", os.path.basename(path)) is not None
 
 
-def remove_unfinished(directory: str, basename: str) -> list[str]:
+def remove_unfinished(store: Store, basename: str) -> list[str]:
     """Remove the temp directories of saves that never finished (a kill mid-save).
 
     Only a chief holding the logdir lock calls this, so no save of its own is
@@ -29,62 +31,91 @@ def remove_unfinished(directory: str, basename: str) -> list[str]:
     """
     pattern = re.compile(re.escape(basename) + r"-\d+_temp$")
     removed = []
-    with contextlib.suppress(FileNotFoundError):
-        for name in os.listdir(directory):
-            path = os.path.join(directory, name)
-            if pattern.match(name) and os.path.isdir(path):
-                shutil.rmtree(path, ignore_errors=True)
-                removed.append(name)
+    for name in store.names():
+        if pattern.match(name) and store.kind(name) == "dir":
+            store.remove_tree(name)
+            removed.append(name)
     return removed
 
 
-def sync_paths(paths: list[str]) -> None:
-    """fsync files and directories (a directory's fsync makes renames in it durable)."""
-    for path in paths:
-        fd = os.open(path, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
+def read_state(store: Store) -> Any:
+    """The state file as TF's ``CheckpointState`` (``None`` if there is none). Read here,
+    bounded and without blocking, before TF reads it: a FIFO in its place would hang
+    TF's reader. Raises ``ValueError`` or ``OSError`` for a damaged one."""
+    from google.protobuf import text_format
+    from tensorflow.python.checkpoint import checkpoint_management
+
+    kind = store.kind(STATE)
+    if kind is None:
+        return None
+    text = store.read(STATE).decode("utf-8")  # not a regular file: OSError
+    state = checkpoint_management.CheckpointState()
+    text_format.Merge(text, state)
+    if not state.model_checkpoint_path:
+        raise ValueError(f"Invalid checkpoint state loaded from {store.path(STATE)}")
+    return state
 
 
-def list_checkpoints(directory: str, basename: str) -> list[str]:
-    """Checkpoint prefixes in ``directory``: the supervisor's own, newest step first (from
-    the state file and the disk), then the foreign ones the state file names, newest first."""
-    import tensorflow as tf
+def list_checkpoints(store: Store, basename: str, committed_only: bool = False) -> list[str]:
+    """Checkpoint prefixes in the logdir: the supervisor's own, newest step first (from
+    the state file and the disk), then the foreign ones the state file names, newest first.
 
+    ``committed_only``: only those the state file names, as ``tf.train.latest_checkpoint``
+    sees them (unless the state file is missing or damaged). A reader beside a live chief
+    needs this: files the state file does not name yet may be half written."""
     pattern = re.compile(re.escape(basename) + r"-(\d+)$")
     names: set[str] = set()
     foreign: list[str] = []  # named by the state file, not ours: newest first, after ours
-    with contextlib.suppress(Exception):  # a corrupt or missing state file lists nothing
-        state = tf.train.get_checkpoint_state(directory)
-        if state is not None:
-            listed = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
-            for name in (os.path.basename(p) for p in listed if p):
-                names.add(name)
-                inside = os.path.join(directory, name)
-                if not pattern.match(name) and inside not in foreign:
-                    if os.path.isfile(inside + ".index"):
-                        foreign.append(inside)
-    with contextlib.suppress(FileNotFoundError):
-        names.update(n[: -len(".index")] for n in os.listdir(directory) if n.endswith(".index"))
-    steps = {n: int(m[1]) for n in names if (m := pattern.match(n))}
-    own = [os.path.join(directory, n) for n in sorted(steps, key=steps.__getitem__, reverse=True)]
-    return own + [p for p in foreign if p not in own]
+    try:
+        state = read_state(store)
+    except (OSError, ValueError, UnicodeDecodeError):  # damaged: the disk still lists
+        state = None
+    if state is not None:
+        listed = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
+        for name in (store.name_of(p) for p in listed if p):
+            if name is None:
+                continue  # outside the logdir: never read, restored or deleted
+            names.add(name)
+            if not pattern.match(name) and name not in foreign and store.exists(name + ".index"):
+                foreign.append(name)
+    on_disk = {n[: -len(".index")] for n in store.names() if n.endswith(".index")}
+    if committed_only and state is not None:
+        on_disk &= names
+    # Named by the state file but without files: nothing to restore, not a candidate.
+    steps = {n: int(m[1]) for n in names | on_disk if (m := pattern.match(n)) and n in on_disk}
+    own = sorted(steps, key=steps.__getitem__, reverse=True)
+    return [store.path(n) for n in [*own, *(f for f in foreign if f not in steps)]]
 
 
-def checkpoint_bytes(prefix: str) -> int:
-    """The size on disk of the files of the checkpoint at ``prefix``."""
-    return sum(os.path.getsize(p) for p in glob.glob(glob.escape(prefix) + ".*"))
+def files_problem(store: Store, prefix: str) -> str | None:
+    """Why the files of the checkpoint at ``prefix`` cannot be read safely, or ``None``:
+    an index must exist, and every file must be a regular one (a FIFO would block the
+    reader forever; a symlink out of the logdir is not the logdir's)."""
+    name = os.path.basename(prefix)
+    if store.kind(name + ".index") is None:
+        return "NotFoundError: its .index file is gone"
+    for file in store.files_of(name):
+        if store.kind(file) != "file":
+            return f"{file} is not a regular file inside the logdir"
+    return None
 
 
-def skip_state_file(directory: str, exc: BaseException, *, move: bool) -> tuple[str, str]:
+def checkpoint_bytes(store: Store, prefix: str) -> int:
+    """The size of the files of the checkpoint at ``prefix``."""
+    total = 0
+    for name in store.files_of(os.path.basename(prefix)):
+        if store.kind(name) == "file":
+            total += store.size(name)
+    return total
+
+
+def skip_state_file(store: Store, exc: BaseException, *, move: bool) -> tuple[str, str]:
     """The ``checkpoint`` state file cannot be read: the checkpoints beside it are still
     found on disk. The chief (``move``) puts it aside as ``checkpoint.damaged`` so that its
     next save writes a good one; a non-chief only reads, and leaves it."""
-    state = os.path.join(directory, "checkpoint")
     reason = f"{type(exc).__name__}: {str(exc).strip()[:200]}"
     if move:
-        os.replace(state, state + ".damaged")
-    log.warning("checkpoint.state_damaged", path=state, reason=reason, moved=move)
-    return state, reason
+        store.remove(STATE + ".damaged")
+        store.replace(STATE, STATE + ".damaged")
+    log.warning("checkpoint.state_damaged", path=store.path(STATE), reason=reason, moved=move)
+    return store.path(STATE), reason

@@ -23,7 +23,7 @@ import anyio
 from . import _shutdown, _startup
 from ._checkpoints import Checkpointer, RestoreReport
 from ._errors import CheckpointMismatchError, SessionStopped
-from ._lock import LogdirLock, WriteGuard
+from ._lock import LeaseLock, LogdirLock, WriteGuard
 from ._log import log
 from ._services import Registration, ServiceGroup
 from ._signals import SignalListener
@@ -53,7 +53,7 @@ class SessionRuntime:
         self.phase = Phase.STARTING
         self.caller = loop_caller()
         self.thread = TrainingThread(self.caller)
-        self.lock: LogdirLock | None = None
+        self.lock: LogdirLock | LeaseLock | None = None
         self.guard = WriteGuard(None)
         self.checkpointer: Checkpointer | None = None
         given = sv.given_summary_writer

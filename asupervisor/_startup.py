@@ -8,7 +8,6 @@ poll: a stop during start-up ends the session before it trains.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
@@ -18,10 +17,11 @@ import anyio
 from ._checkpoints import Checkpointer, RestoreReport
 from ._cluster import Agreement
 from ._errors import WaitTimeout
-from ._lock import LogdirLock, WriteGuard
+from ._lock import WriteGuard, make_lock
 from ._log import log
 from ._logdir import is_own, remove_unfinished
 from ._scratch import ScratchCheckpointer
+from ._store import Store
 from ._verify import unrestored
 
 if TYPE_CHECKING:
@@ -70,11 +70,12 @@ def _open(rt: SessionRuntime) -> None:
     """Training thread: the logdir, its lock, the checkpointer, the events file."""
     sv = rt.sv
     if sv.is_chief and sv.logdir is not None:
-        os.makedirs(sv.logdir, exist_ok=True)
-        rt.lock = LogdirLock(sv.logdir)
+        store = Store(sv.logdir)
+        store.make()
+        rt.lock = make_lock(store)
         rt.lock.acquire()  # before anything is written: one live chief per logdir
         rt.guard = WriteGuard(rt.lock)
-        leftovers = remove_unfinished(sv.logdir, sv.checkpoint_basename)
+        leftovers = remove_unfinished(store, sv.checkpoint_basename)
         if leftovers:
             log.info("checkpoint.unfinished_removed", paths=leftovers)
     if sv.logdir is not None:
@@ -103,7 +104,8 @@ async def _wait(rt: SessionRuntime, max_wait_secs: float) -> bool:
     checkpointer, sv = rt.checkpointer, rt.sv
     assert checkpointer is not None, "wait_for_checkpoint needs a logdir"
     deadline = anyio.current_time() + max_wait_secs
-    while await rt.thread.run(checkpointer.latest) is None:
+    # Only a checkpoint that reads back whole ends the wait: damaged ones are not one.
+    while not await rt.thread.run(checkpointer.good_exists):
         remaining = deadline - anyio.current_time()
         if remaining <= 0:
             raise WaitTimeout(f"no checkpoint appeared in {sv.logdir!r} in {max_wait_secs} s")

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import glob
-import os
 import threading
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._log import log
+from ._store import Store
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -43,19 +42,19 @@ def scalars(result: Any) -> dict[str, float]:
     return found
 
 
-def create_events_file(logdir: str) -> tuple[tf.summary.SummaryWriter, str | None]:
-    """A new writer in ``logdir`` and the events file it writes (``None`` if unknown).
-
-    The file is found by what appeared in the directory: only the chief, which
-    holds the logdir lock, creates events files there.
-    """
+def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | None]:
+    """A new writer in the logdir and the name of the events file it writes (``None`` if
+    unknown). The file is found by what appeared in the directory: only the chief,
+    which holds the logdir lock, creates events files there."""
     import tensorflow as tf
 
-    pattern = os.path.join(glob.escape(logdir), "events.out.tfevents.*")
-    before = set(glob.glob(pattern))
-    writer = tf.summary.create_file_writer(logdir)
+    def events() -> set[str]:
+        return {n for n in store.names() if n.startswith("events.out.tfevents.")}
+
+    before = events()
+    writer = tf.summary.create_file_writer(store.root)
     writer.flush()
-    new = set(glob.glob(pattern)) - before
+    new = events() - before
     return writer, (new.pop() if len(new) == 1 else None)
 
 
@@ -67,16 +66,16 @@ class EventsFile:
     """
 
     def __init__(self, logdir: str | None, given: tf.summary.SummaryWriter | None) -> None:
-        self._logdir = logdir
+        self._store = Store(logdir) if logdir is not None else None
         self._given = given
         self._lock = threading.Lock()
         self.writer: tf.summary.SummaryWriter | None = given
-        self.path: str | None = None
+        self.path: str | None = None  # the name of the file, inside the logdir
 
     def open(self) -> None:
         """Create the session's file (blocking I/O: not on the event loop)."""
-        if self._given is None and self._logdir is not None:
-            self.writer, self.path = create_events_file(self._logdir)
+        if self._given is None and self._store is not None:
+            self.writer, self.path = create_events_file(self._store)
 
     def set_default(self, step: Any) -> None:
         """On the training thread: ``tf.summary.*`` inside steps writes here."""
@@ -107,15 +106,17 @@ class EventsFile:
     def _renew_if_lost(self, default_step: Any) -> None:
         """A new file in place of a deleted one: TF would go on writing into the
         deleted file's inode, and every summary would be lost without a word."""
-        if self.path is None or os.path.exists(self.path):
+        store = self._store
+        if self.path is None or store is None or store.exists(self.path):
             return
         lost = self.path
         if self.writer is not None:
             self.writer.close()
-        self.writer, self.path = create_events_file(self._logdir)  # type: ignore[arg-type]
+        self.writer, self.path = create_events_file(store)
         if default_step is not None:
             self.writer.set_as_default(step=default_step)
-        log.warning("summary.file_lost", path=lost, new_path=self.path)
+        new = store.path(self.path) if self.path is not None else None
+        log.warning("summary.file_lost", path=store.path(lost), new_path=new)
 
     def close(self) -> None:
         with self._lock:

@@ -20,6 +20,7 @@ from ._position import Position
 from ._root import checkpoint_root
 from ._services import Registration, register
 from ._session import ManagedSession
+from ._store import is_object_store
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -264,16 +265,26 @@ def _check_logdir(logdir: Any) -> str | None:
     path = os.fspath(logdir)
     if not isinstance(path, str):
         raise ValueError(f"logdir must be a text path, not {logdir!r}")
-    if "://" in path:
-        # Locking, fsync, listing and removal are POSIX file operations here: on an
-        # object store every save would fail, and a local directory "gs:" would appear.
-        raise ValueError(
-            f"logdir {path!r}: object-store logdirs (gs://, s3://, ...) are not supported "
-            "yet; use a local or mounted file system path"
-        )
+    if is_object_store(path):
+        return _check_object_store(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"logdir {path!r} exists and is not a directory")
     return path
+
+
+def _check_object_store(path: str) -> str:
+    """A ``gs://``, ``s3://``... logdir: its scheme must be a file system TF has."""
+    import tensorflow as tf
+
+    try:
+        if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
+            raise ValueError(f"logdir {path!r} exists and is not a directory")
+    except tf.errors.UnimplementedError as exc:
+        raise ValueError(
+            f"logdir {path!r}: TensorFlow has no file system for "
+            f"{path.split('://')[0]!r}:// (for s3:// install tensorflow-io)"
+        ) from exc
+    return path.rstrip("/")
 
 
 def _find_strategy(strategy: Any) -> tuple[Any, Role | None]:

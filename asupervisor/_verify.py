@@ -11,6 +11,15 @@ import re
 from typing import Any
 
 
+def reader_of(prefix: str) -> Any:
+    """TF's reader of the checkpoint at ``prefix``. Not ``tf.train.load_checkpoint``,
+    which first asks whether the prefix is a directory: on an object store every
+    prefix of a name is one, and it then looks for a state file inside it."""
+    import tensorflow as tf
+
+    return tf.compat.v1.train.NewCheckpointReader(prefix)
+
+
 def verify_checkpoint(prefix: str) -> str | None:
     """``None`` if the checkpoint at ``prefix`` reads back whole, else why it does not.
 
@@ -22,7 +31,7 @@ def verify_checkpoint(prefix: str) -> str | None:
     import tensorflow as tf
 
     try:
-        reader = tf.train.load_checkpoint(prefix)
+        reader = reader_of(prefix)
         variants = []
         for name, dtype in reader.get_variable_to_dtype_map().items():
             if dtype == tf.variant:
@@ -65,7 +74,7 @@ def shape_differences(checkpoint: Any, path: str) -> list[str]:
     """
     import tensorflow as tf
 
-    saved = tf.train.load_checkpoint(path).get_variable_to_shape_map()
+    saved = reader_of(path).get_variable_to_shape_map()
     view = tf.train.TrackableView(checkpoint)
     seen, queue, found = {id(checkpoint)}, [(checkpoint, "")], []
     while queue:
@@ -94,7 +103,7 @@ def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[s
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
-        tf.train.load_checkpoint(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+        reader_of(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
     )
     saved = {child.local_name for child in graph.nodes[0].children}
     live = tf.train.TrackableView(checkpoint).children(checkpoint)

@@ -31,15 +31,23 @@ def _size(n: int) -> str:
     return f"{n} B"  # pragma: no cover
 
 
+def shown(text: object) -> str:
+    """``text`` with every control character escaped: a file named with a newline or
+    an ANSI escape must not forge lines or colours on the terminal."""
+    return "".join(
+        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text)
+    )
+
+
 def render(report: LogdirReport) -> str:
-    lines = [f"logdir: {report.logdir}"]
-    latest = report.latest_checkpoint or "none"
+    lines = [f"logdir: {shown(report.logdir)}"]
+    latest = shown(report.latest_checkpoint or "none")
     lines.append(f"latest checkpoint: {latest}  (step {report.latest_step})")
     lines.append("")
     lines.append(f"checkpoints ({len(report.checkpoints)}):")
     lines.append(f"  {'step':>10}  {'saved (UTC)':<25}  {'size':>10}  readable")
     for c in report.checkpoints:
-        readable = "yes" if c.readable else f"NO  {c.problem}"
+        readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
         lines.append(f"  {c.step:>10}  {c.saved:<25}  {_size(c.bytes):>10}  {readable}")
     lines.append("")
     lines.append(f"tags ({len(report.tags)}):")
@@ -47,12 +55,14 @@ def render(report: LogdirReport) -> str:
     for name, t in sorted(report.tags.items()):
         value = "" if t.last_value is None else f"{t.last_value:.6g}"
         steps = f"{t.first_step}..{t.last_step}"
-        lines.append(f"  {name:<28}  {t.kind:<9}  {value:>12}  {steps:<17}  {t.points}")
+        lines.append(
+            f"  {shown(name):<28}  {shown(t.kind):<9}  {value:>12}  {steps:<17}  {t.points}"
+        )
     lines.append("")
     lines.append(f"events files ({len(report.events_files)}):")
     for f in report.events_files:
-        damage = f"  DAMAGED: {f.damaged}" if f.damaged else ""
-        lines.append(f"  {f.name}  {_size(f.bytes)}  {f.events} events{damage}")
+        damage = f"  DAMAGED: {shown(f.damaged)}" if f.damaged else ""
+        lines.append(f"  {shown(f.name)}  {_size(f.bytes)}  {f.events} events{damage}")
     return "\n".join(lines)
 
 
@@ -106,17 +116,20 @@ def _quiet_tensorflow() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    if os.path.isdir(args.logdir) and os.listdir(args.logdir):
+    if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
         _quiet_tensorflow()
     try:
         report = inspect_logdir(args.logdir, verify=args.verify)
     except (FileNotFoundError, NotADirectoryError) as exc:
-        print(f"asupervisor inspect: error: {exc}", file=sys.stderr)
+        print(f"asupervisor inspect: error: {shown(exc)}", file=sys.stderr)
+        return 2
+    except (OSError, ValueError) as exc:  # a directory that cannot be listed or read
+        print(f"asupervisor inspect: error: {type(exc).__name__}: {shown(exc)}", file=sys.stderr)
         return 2
     if not report.checkpoints and not report.events_files:
         print(
-            f"asupervisor inspect: {args.logdir!r} holds no checkpoints and no events files "
-            "(is it the Supervisor's logdir?)",
+            f"asupervisor inspect: {shown(repr(args.logdir))} holds no checkpoints and no "
+            "events files (is it the Supervisor's logdir?)",
             file=sys.stderr,
         )
         return 1

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -91,3 +92,33 @@ def test_help_is_fast_because_it_does_not_import_tensorflow() -> None:
     assert done.returncode == 0, done.stderr
     assert "LOGDIR" in done.stdout and "--json" in done.stdout and "exit status" in done.stdout
     assert done.stdout.strip().endswith("no TF")
+
+
+@pytest.mark.asyncio
+async def test_inspect_is_safe_on_a_hostile_directory(logdir: str, tmp_path: Path) -> None:
+    await make_run(logdir)
+    run = Path(logdir)
+    os.mkfifo(run / "model.ckpt-3.index")  # reading it would wait for a writer forever
+    (run / "checkpoint").unlink()
+    (run / "checkpoint").symlink_to("/dev/zero")  # endless bytes, outside the logdir
+    (run / "model.ckpt-7.index").symlink_to("model.ckpt-7.index")  # a loop
+    (run / "model.ckpt-9.index").symlink_to(tmp_path / "nothing")  # dangling
+    (run / "events.out.tfevents.x\nlatest checkpoint: EVIL \x1b[31m").write_bytes(b"")
+    (run / "events.out.tfevents.\x1b]0;owned\x07").write_bytes(b"")
+    # A child process, bounded: a hang fails the test instead of stalling the suite.
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", logdir],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "Traceback" not in done.stdout + done.stderr
+    assert "\x1b" not in done.stdout and "\x07" not in done.stdout
+    assert not any(line.startswith("latest checkpoint: EVIL") for line in done.stdout.splitlines())
+    assert "\\nlatest checkpoint: EVIL \\x1b[31m" in done.stdout  # shown, escaped
+    rows = {line.split()[0]: line for line in done.stdout.splitlines() if "NO " in line}
+    assert "not a regular file" in rows["3"] and "not a regular file" in rows["7"]
+    assert "not a regular file" in rows["9"] or "gone" in rows["9"]
+    assert "latest checkpoint: none" in done.stdout  # the state file was not read

@@ -1,0 +1,218 @@
+"""The logdir as a store of files, on any file system TensorFlow has (local, gs://, s3://,
+ram://). Every part reads and writes the logdir through here: the checkpoints' listing,
+sync and cleanup, the state file, the lock, the events file, ``asupervisor inspect``.
+
+- **Confinement.** A file is named by its name inside the logdir, never by a path: a
+  name with a separator, ``.`` or ``..`` is refused, and a path from elsewhere (the
+  state file's) becomes a name only if it is directly inside the logdir.
+- **Only regular files are opened.** Locally, a FIFO, a device or a symlink that leads
+  out of the logdir is "other": never opened (opening a FIFO blocks until a writer
+  comes), never read, reported as damage. Reads are bounded.
+- **Durability.** Locally, files are fsynced and then their directory, before the state
+  file names them. An object store has no fsync (an object is whole once its write
+  returns); there the order of writes is what keeps a checkpoint whole: its files first,
+  the state file last.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import posixpath
+import shutil
+import stat
+from typing import Literal
+
+Kind = Literal["file", "dir", "other"]
+
+MAX_READ = 1 << 20  # a state file or a lease is a few hundred bytes: 1 MiB is plenty
+
+
+def is_object_store(path: str) -> bool:
+    """``gs://``, ``s3://``, ``ram://``, ``hdfs://``...: a TF file system without POSIX calls."""
+    return "://" in path and not path.startswith("file://")
+
+
+class Store:
+    """The files directly inside one logdir."""
+
+    def __init__(self, root: str) -> None:
+        self.root = root.rstrip("/") if is_object_store(root) else root
+        self.local = not is_object_store(root)
+        if root.startswith("file://"):
+            self.root = root[len("file://") :]
+
+    # -- names --------------------------------------------------------------------
+
+    def path(self, name: str) -> str:
+        """The full path of ``name``; a name that is not a plain file name is refused."""
+        if not name or name in (".", "..") or "/" in name or (self.local and os.sep in name):
+            raise ValueError(f"{name!r} is not a file name inside logdir {self.root!r}")
+        return os.path.join(self.root, name) if self.local else f"{self.root}/{name}"
+
+    def name_of(self, path: str) -> str | None:
+        """The name of ``path`` if it is directly inside the logdir (a relative path is
+        taken as relative to it), else ``None``."""
+        if self.local:
+            full = path if os.path.isabs(path) else os.path.join(self.root, path)
+            parent = os.path.realpath(os.path.dirname(full))
+            name = os.path.basename(full)
+            inside = parent == os.path.realpath(self.root)
+        else:
+            full = path if "://" in path else f"{self.root}/{path}"
+            scheme, _, rest = full.partition("://")
+            parent, name = posixpath.split(posixpath.normpath(rest))
+            inside = f"{scheme}://{parent}" == self.root
+        return name if inside and name not in ("", ".", "..") else None
+
+    # -- looking ------------------------------------------------------------------
+
+    def names(self) -> list[str]:
+        """The names in the logdir (empty if it does not exist)."""
+        if self.local:
+            with contextlib.suppress(FileNotFoundError, NotADirectoryError):
+                return os.listdir(self.root)
+            return []
+        import tensorflow as tf
+
+        if not tf.io.gfile.isdir(self.root):
+            return []
+        return [n.rstrip("/") for n in tf.io.gfile.listdir(self.root)]
+
+    def kind(self, name: str) -> Kind | None:
+        """``file`` (regular, or a symlink to one inside the logdir), ``dir``, ``other``
+        (FIFO, device, socket, a symlink out of the logdir, dangling or looping), or
+        ``None`` if there is nothing by that name."""
+        path = self.path(name)
+        if not self.local:
+            import tensorflow as tf
+
+            if tf.io.gfile.isdir(path):
+                return "dir"
+            return "file" if tf.io.gfile.exists(path) else None
+        try:
+            info = os.lstat(path)
+            if stat.S_ISLNK(info.st_mode):
+                target = os.path.realpath(path)
+                root = os.path.realpath(self.root)
+                if os.path.commonpath([root, target]) != root:
+                    return "other"  # never followed out of the logdir
+                info = os.stat(target)
+        except FileNotFoundError:
+            return None if not os.path.islink(path) else "other"
+        except OSError:  # a symlink loop, a name too long...
+            return "other"
+        if stat.S_ISREG(info.st_mode):
+            return "file"
+        return "dir" if stat.S_ISDIR(info.st_mode) else "other"
+
+    def exists(self, name: str) -> bool:
+        return self.kind(name) is not None
+
+    def size(self, name: str) -> int:
+        if self.local:
+            return os.stat(self.path(name)).st_size
+        import tensorflow as tf
+
+        return int(tf.io.gfile.stat(self.path(name)).length)
+
+    def mtime(self, name: str) -> float:
+        if self.local:
+            return os.stat(self.path(name)).st_mtime
+        import tensorflow as tf
+
+        return float(tf.io.gfile.stat(self.path(name)).mtime_nsec) / 1e9
+
+    def files_of(self, prefix_name: str) -> list[str]:
+        """The names of a checkpoint's files: ``<prefix>.index`` and ``<prefix>.data-*``
+        (by exact prefix: the basename is never a glob pattern)."""
+        return sorted(n for n in self.names() if n.startswith(prefix_name + "."))
+
+    # -- reading and writing ---------------------------------------------------------
+
+    def read(self, name: str, limit: int = MAX_READ) -> bytes:
+        """A regular file's contents, at most ``limit`` bytes (more is an error); never
+        blocks on a FIFO and never follows a symlink out of the logdir."""
+        if self.kind(name) != "file":
+            raise OSError(errno.EINVAL, f"{self.path(name)} is not a regular file")
+        if self.local:
+            fd = os.open(self.path(name), os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since kind()
+                    raise OSError(errno.EINVAL, f"{self.path(name)} is not a regular file")
+                data = os.read(fd, limit + 1)
+            finally:
+                os.close(fd)
+        else:
+            import tensorflow as tf
+
+            with tf.io.gfile.GFile(self.path(name), "rb") as f:
+                data = f.read(limit + 1)
+        if len(data) > limit:
+            raise OSError(errno.EFBIG, f"{self.path(name)} is larger than {limit} bytes")
+        return bytes(data)
+
+    def write(self, name: str, data: bytes) -> None:
+        """Write ``name`` whole (through a temporary name, then a rename)."""
+        temp = f"{name}.tmp{os.getpid()}"
+        if self.local:
+            with open(self.path(temp), "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(self.path(temp), self.path(name))
+            return
+        import tensorflow as tf
+
+        with tf.io.gfile.GFile(self.path(temp), "wb") as f:
+            f.write(data)
+        tf.io.gfile.rename(self.path(temp), self.path(name), overwrite=True)
+
+    def replace(self, name: str, new_name: str) -> None:
+        if self.local:
+            os.replace(self.path(name), self.path(new_name))
+            return
+        import tensorflow as tf
+
+        tf.io.gfile.rename(self.path(name), self.path(new_name), overwrite=True)
+
+    def remove(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            if self.local:
+                os.remove(self.path(name))
+                return
+            import tensorflow as tf
+
+            with contextlib.suppress(tf.errors.NotFoundError):
+                tf.io.gfile.remove(self.path(name))
+
+    def remove_tree(self, name: str) -> None:
+        if self.local:
+            shutil.rmtree(self.path(name), ignore_errors=True)
+            return
+        import tensorflow as tf
+
+        with contextlib.suppress(tf.errors.NotFoundError):
+            tf.io.gfile.rmtree(self.path(name))
+
+    def make(self) -> None:
+        """Create the logdir (and its parents) if missing."""
+        if self.local:
+            os.makedirs(self.root, exist_ok=True)
+            return
+        import tensorflow as tf
+
+        tf.io.gfile.makedirs(self.root)
+
+    def sync(self, names: list[str]) -> None:
+        """Make ``names`` and the directory's entries durable: fsync each, then the
+        directory (its fsync makes renames in it durable). A no-op on an object store."""
+        if not self.local:
+            return
+        for path in [*(self.path(n) for n in names), self.root]:
+            fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)

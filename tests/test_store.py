@@ -1,0 +1,308 @@
+"""The logdir as a store: the same rules on a local directory and on an object store
+(TF's in-memory ``ram://`` file system stands in for gs:// and s3://), hostile contents
+that are skipped instead of followed, one writer per logdir."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from tests.conftest import Pair, named
+
+pytestmark = pytest.mark.asyncio
+
+
+@pytest.fixture(params=["local", "ram"])
+def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A logdir that does not exist yet, on a local disk or on an object store."""
+    if request.param == "local":
+        return str(tmp_path / "run")
+    return f"ram://{tmp_path.name}/run"
+
+
+def make(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
+    kwargs.setdefault("save_model_secs", 0)
+    kwargs.setdefault("save_model_steps", 2)
+    kwargs.setdefault("max_to_keep", None)
+    kwargs.setdefault("save_summaries_secs", 0)
+    kwargs.setdefault("handle_signals", False)
+    return asv.Supervisor(logdir, checkpoint={"pair": pair}, **kwargs)
+
+
+async def train(logdir: str, steps: int, **kwargs: Any) -> Pair:
+    pair = Pair()
+    async with make(logdir, pair, **kwargs).session() as sess:
+        for _ in range(steps):
+            await sess.run(pair.step)
+    return pair
+
+
+def steps_on_disk(logdir: str) -> list[int]:
+    names = tf.io.gfile.listdir(logdir)
+    return sorted(int(n.split("-")[1].split(".")[0]) for n in names if n.endswith(".index"))
+
+
+def write(path: str, data: bytes) -> None:
+    if tf.io.gfile.exists(path):  # ram:// keeps the old contents under an empty write
+        tf.io.gfile.remove(path)
+    with tf.io.gfile.GFile(path, "wb") as f:
+        f.write(data)
+
+
+async def test_a_run_saves_resumes_sweeps_and_writes_events_on_the_store(where: str) -> None:
+    await train(where, 6, max_to_keep=2, save_summaries_steps=2)
+    assert steps_on_disk(where) == [4, 6]  # the sweep works on the store too
+    assert tf.train.latest_checkpoint(where).endswith("model.ckpt-6")
+    pair = Pair()
+    async with make(where, pair, max_to_keep=2).session() as sess:
+        assert sess.restore_report.source == "checkpoint" and sess.restore_report.step == 6
+        assert float(pair.a.numpy()) == 6.0
+    events = [n for n in tf.io.gfile.listdir(where) if n.startswith("events.out.tfevents.")]
+    assert len(events) == 2  # one per session, both on the store
+    first = [
+        tf.compat.v1.Event.FromString(record.numpy())
+        for record in tf.data.TFRecordDataset(f"{where}/{sorted(events)[0]}")
+    ]
+    steps = [e.step for e in first for value in e.summary.value if value.tag == "loss"]
+    assert steps == [2, 4, 6]
+
+
+async def test_retention_never_deletes_outside_the_logdir_on_the_store(where: str) -> None:
+    parent = where.rsplit("/", 1)[0]
+    victim = f"{parent}/victim"
+    tf.io.gfile.makedirs(victim)
+    for ext in ("index", "data-00000-of-00001"):
+        write(f"{victim}/model.ckpt-5.{ext}", b"someone else's")
+    await train(where, 2)
+    state = f"{where}/checkpoint"
+    with tf.io.gfile.GFile(state) as f:
+        text = f.read()
+    write(
+        state,
+        text.replace(
+            'all_model_checkpoint_paths: "model.ckpt-0"',
+            f'all_model_checkpoint_paths: "../victim/model.ckpt-5"\n'
+            f'all_model_checkpoint_paths: "{victim}/model.ckpt-5"\n'
+            'all_model_checkpoint_paths: "model.ckpt-0"',
+        ).encode(),
+    )
+    await train(where, 6, max_to_keep=1)  # saves at 4, 6, 8: each sweeps with max_to_keep=1
+    assert sorted(tf.io.gfile.listdir(victim)) == [
+        "model.ckpt-5.data-00000-of-00001",
+        "model.ckpt-5.index",
+    ]
+    assert steps_on_disk(where) == [8]
+
+
+@pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00garbage\x80"], ids=["empty", "bytes"])
+async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
+    where: str, content: bytes
+) -> None:
+    await train(where, 4)
+    write(f"{where}/checkpoint", content)
+    pair = Pair()
+    async with make(where, pair).session() as sess:
+        report = sess.restore_report
+    assert report.step == 4 and float(pair.a.numpy()) == 4.0
+    assert [p.rsplit("/", 1)[-1] for p, _ in report.skipped] == ["checkpoint"]
+    assert tf.train.latest_checkpoint(where).endswith("model.ckpt-4")  # a good one again
+
+
+async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None:
+    await train(where, 8)  # saves at 0, 2, 4, 6, 8
+    # As if killed after writing 8 but before the state file named it; 2 lost the same way.
+    listed = [f"{where}/model.ckpt-{s}" for s in (0, 4, 6)]
+    tf.compat.v1.train.update_checkpoint_state(where, listed[-1], all_model_checkpoint_paths=listed)
+    pair = Pair()
+    async with make(where, pair, max_to_keep=2).session() as sess:
+        assert sess.restore_report.step == 8
+        for _ in range(4):
+            await sess.run(pair.step)  # saves at 10 and 12
+    assert steps_on_disk(where) == [10, 12]
+
+
+async def test_a_second_chief_is_refused_on_the_store(where: str) -> None:
+    pair = Pair()
+    async with make(where, pair).session():
+        with pytest.raises(asv.LogdirLockedError, match="another chief"):
+            async with make(where, Pair()).session():
+                pass
+
+
+async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
+    where: str,
+) -> None:
+    pair = Pair()
+    with pytest.raises(asv.LogdirLockedError, match="removed or"):
+        async with make(where, pair).session() as sess:
+            await sess.run(pair.step)
+            if where.startswith("ram://"):  # a second chief's lease replaces ours
+                lease = {"owner": "elsewhere:1:abc", "expires": time.time() + 600}
+                write(f"{where}/.asupervisor.lease", json.dumps(lease).encode())
+            else:
+                Path(where, ".asupervisor.lock").unlink()
+            for _ in range(3):
+                await sess.run(pair.step)  # the save at step 2 finds it gone
+    assert steps_on_disk(where) == [0]  # nothing written after
+
+
+async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
+    tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    where = f"ram://{tmp_path.name}/run"
+    tf.io.gfile.makedirs(where)
+    dead = {"owner": "gone:4242:dead", "expires": time.time() - 1}
+    write(f"{where}/.asupervisor.lease", json.dumps(dead).encode())
+    await train(where, 2)
+    assert steps_on_disk(where) == [0, 2]
+    assert named(events, "logdir.lease_expired")[0]["owner"] == "gone:4242:dead"
+    assert not tf.io.gfile.exists(f"{where}/.asupervisor.lease")  # released at the end
+
+
+async def test_a_live_lease_names_its_holder_and_when_it_expires(tmp_path: Path) -> None:
+    where = f"ram://{tmp_path.name}/run"
+    tf.io.gfile.makedirs(where)
+    live = {"owner": "trainer-7:99:cafe", "expires": time.time() + 20}
+    write(f"{where}/.asupervisor.lease", json.dumps(live).encode())
+    with pytest.raises(asv.LogdirLockedError, match=r"trainer-7:99:cafe\) for \d+ s more"):
+        async with make(where, Pair()).session():
+            pass
+    assert steps_on_disk(where) == []  # nothing written by the refused chief
+
+
+# -- hostile contents of a local logdir ------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "name", ["model.ckpt-4.data-00000-of-00001", "model.ckpt-4.index", "checkpoint"]
+)
+async def test_a_fifo_in_a_checkpoints_place_is_skipped_not_waited_on(
+    logdir: str, name: str
+) -> None:
+    await train(logdir, 4)
+    Path(logdir, name).unlink()
+    os.mkfifo(Path(logdir, name))  # opening it for reading would block until a writer came
+    pair = Pair()
+    with anyio.fail_after(120):
+        async with make(logdir, pair).session() as sess:
+            report = sess.restore_report
+    skipped = [Path(p).name for p, _ in report.skipped]
+    if name == "checkpoint":
+        assert report.step == 4 and skipped == ["checkpoint"]
+    else:
+        assert report.step == 2 and skipped == ["model.ckpt-4"]
+        assert "not a regular file" in report.skipped[0][1]
+
+
+async def test_a_symlink_out_of_the_logdir_is_never_read(logdir: str, tmp_path: Path) -> None:
+    await train(logdir, 4)
+    outside = tmp_path / "outside.index"
+    outside.write_bytes(Path(logdir, "model.ckpt-4.index").read_bytes())
+    Path(logdir, "model.ckpt-4.index").unlink()
+    Path(logdir, "model.ckpt-4.index").symlink_to(outside)
+    pair = Pair()
+    async with make(logdir, pair).session() as sess:
+        assert sess.restore_report.step == 2
+        assert "not a regular file inside the logdir" in sess.restore_report.skipped[0][1]
+
+
+async def test_a_fifo_as_the_lock_file_is_refused_not_waited_on(logdir: str) -> None:
+    os.makedirs(logdir)
+    os.mkfifo(Path(logdir, ".asupervisor.lock"))
+    with anyio.fail_after(60), pytest.raises(OSError, match="not a regular file"):
+        async with make(logdir, Pair()).session():
+            pass
+
+
+# -- non-chiefs --------------------------------------------------------------------
+
+
+async def test_a_non_chief_keeps_waiting_while_only_damaged_checkpoints_exist(
+    logdir: str,
+) -> None:
+    await train(logdir, 0)  # the chief's first checkpoint, at step 0
+    Path(logdir, "model.ckpt-0.index").write_bytes(b"broken")
+    sv = make(logdir, Pair(), is_chief=False, recovery_wait_secs=0.05)
+    with pytest.raises(asv.WaitTimeout):  # not a fresh start on a damaged checkpoint
+        async with sv.session(wait_for_checkpoint=True, max_wait_secs=0.5):
+            pass
+
+    async def chief_saves_later() -> None:
+        await anyio.sleep(0.3)
+        await train(logdir, 2)  # a good checkpoint at step 2
+
+    pair = Pair()
+    sv = make(logdir, pair, is_chief=False, recovery_wait_secs=0.05)
+    async with anyio.create_task_group() as tg:
+        tg.start_soon(chief_saves_later)
+        async with sv.session(wait_for_checkpoint=True, max_wait_secs=60) as sess:
+            report = sess.restore_report  # the chief's own first save, good, or step 2
+            assert report.source == "checkpoint" and float(pair.a.numpy()) == report.step
+
+
+CHIEF_SAVING_EVERY_STEP = """
+import sys
+
+import anyio
+import tensorflow as tf
+
+import asupervisor as asv
+
+a = tf.Variable(0.0)
+
+
+async def main() -> None:
+    sv = asv.Supervisor(
+        sys.argv[1], checkpoint={"a": a}, save_model_secs=0, save_model_steps=1, max_to_keep=1,
+        save_summaries_secs=0,
+    )
+    async with sv.session() as sess:
+        while True:
+            await sess.run(a.assign_add, 1.0)
+
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_non_chiefs_starting_while_the_chief_sweeps_every_step_never_fail(logdir: str) -> None:
+    """The chief saves at every step with max_to_keep=1, so what a non-chief chose is
+    often deleted before it is read: it chooses again instead of failing."""
+    chief = subprocess.Popen(
+        [sys.executable, "-c", CHIEF_SAVING_EVERY_STEP, logdir],
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+    )
+    restored: list[tuple[int, float]] = []
+
+    async def start_non_chiefs() -> None:
+        while len(restored) < 50:
+            a = tf.Variable(0.0)
+            sv = asv.Supervisor(
+                logdir, checkpoint={"a": a}, is_chief=False, recovery_wait_secs=0.05,
+                handle_signals=False,
+            )  # fmt: skip
+            async with sv.session(wait_for_checkpoint=True, max_wait_secs=120) as sess:
+                restored.append((sess.restore_report.step, float(a.numpy())))
+                assert sess.restore_report.source == "checkpoint"
+
+    try:
+        anyio.run(start_non_chiefs)
+        assert chief.poll() is None, chief.communicate()[1][-3000:]  # still saving
+    finally:
+        chief.kill()
+        chief.wait()
+    assert all(value == step for step, value in restored)  # each restore whole
+    assert len({step for step, _ in restored}) > 10  # the chief really moved on meanwhile
