@@ -127,6 +127,7 @@ class KillReport:
     lost_steps: list[int] = field(default_factory=list)
     checkpoints: int = 0
     problems: list[str] = field(default_factory=list)
+    orphans: int = -1  # checkpoints on disk the state file does not name, after a clean run
     seconds: float = 0.0
 
 
@@ -154,6 +155,21 @@ def kill_trials(logdir: str, trials: int, seed: int, save_steps: int, *extra: st
     report.went_back += restored < previous_restore
     if previous_last_step is not None:
         report.lost_steps.append(previous_last_step - restored)
+    # A clean run that saves twice: what the kills left must be committed or swept by now.
+    clean = Trainer(logdir, "--max-steps", str(restored + 2 * save_steps), "--save-steps",
+                    str(save_steps), *extra)  # fmt: skip
+    clean.proc.wait(300)
+    report.orphans = len(orphans(logdir))
     report.checkpoints, report.problems = checkpoint_problems(logdir)
     report.seconds = time.monotonic() - started
     return report
+
+
+def orphans(logdir: str) -> list[str]:
+    """The supervisor's checkpoints on disk that the state file does not name."""
+    import tensorflow as tf
+
+    state = tf.train.get_checkpoint_state(logdir)
+    named = {Path(p).name for p in state.all_model_checkpoint_paths} if state else set()
+    on_disk = {p.name[: -len(".index")] for p in Path(logdir).glob("model.ckpt-*.index")}
+    return sorted(on_disk - named)

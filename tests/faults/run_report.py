@@ -70,6 +70,7 @@ def kills(n: int, seed: int, mode: str) -> Callable[[str], tuple[int, int, str, 
         report = kill_trials(logdir, n, seed, SAVE_STEPS, *extra)
         lost = f"{max(report.lost_steps)} (interval {SAVE_STEPS})"
         outcome = "every run resumed" if report.went_back == 0 else f"{report.went_back} went back"
+        outcome += f"; {report.orphans} orphans, {report.checkpoints} on disk after a clean run"
         return report.trials, report.resumed, lost, outcome
 
     return body
