@@ -76,3 +76,23 @@ def test_a_structlog_configuration_renders_the_events(tmp_path: Path) -> None:
     assert "session.started" in names and "summary.written" in names
     saved = next(e for e in events if e["event"] == "checkpoint.saved")
     assert saved["step"] in (0, 20) and saved["path"].endswith(f"model.ckpt-{saved['step']}")
+
+
+def test_every_event_the_library_emits_is_in_the_documented_table() -> None:
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).parents[1]
+    emitted = set()
+    for path in [*root.glob("asupervisor/*.py"), *root.glob("services/*.py")]:
+        emitted |= set(
+            re.findall(
+                r'(?:log|logger)\.(?:debug|info|warning|error|exception)\(\s*"([a-z_]+\.[a-z_]+)"',
+                path.read_text(),
+            )
+        )
+    table = [line.split("|")[1] for line in (root / "docs/API.md").read_text().splitlines()
+             if line.startswith("| `")]  # fmt: skip
+    documented = {name for cell in table for name in re.findall(r"`([a-z_]+\.[a-z_]+)`", cell)}
+    assert emitted, "no events found: the pattern is wrong"
+    assert sorted(emitted - documented) == []
