@@ -45,7 +45,7 @@ def supervisor_callback(runtime: SessionRuntime) -> Any:
             self.ctx = stepper.before((), {})
 
         def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            stepper.after(self.ctx, dict(logs or {}), False, running_means=True)
+            stepper.after(self.ctx, dict(logs or {}), False, running_means=True, deferred=True)
             thread = runtime.thread
             if thread.has_pending():
                 thread.run_pending()  # saves, calls and holds queued during the batch
@@ -89,6 +89,7 @@ def fit(
             )
     finally:
         position.counting = False
+        runtime.step.flush()
     return _merged(histories)
 
 

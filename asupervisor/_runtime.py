@@ -155,6 +155,7 @@ class SessionRuntime:
         if checkpointer is None or not self.ready or not self.sv.checkpointing:
             return None
         self.check_open()
+        self.step.flush()
         stepper, step = self.stepper, self.step.value
         self.position.sync()
         forced = stepper.steps_since_save > 0 and step == checkpointer.last_saved_step

@@ -101,12 +101,14 @@ async def test_fit_resumes_at_the_exact_batch_with_optimizer_schedule_and_callba
 
     model, opt, data = model_and_data()
     record = Record()
-    async with make(logdir, model=model, opt=opt).session() as sess:
+    sv = make(logdir, model=model, opt=opt)
+    async with sv.session() as sess:
         assert sess.restore_report.step == 12 and sess.data_position == (1, 4)
         history = await sess.fit(model, data, epochs=3, callbacks=[record], verbose=0)
     assert record.epochs == [1, 2]  # Keras' callbacks see the epochs that ran
     assert record.batches == 4 + 8  # the rest of epoch 1, then epoch 2: nothing twice
     assert sess.global_step == 24 and int(opt.iterations.numpy()) == 24
+    assert int(sv.global_step.numpy()) == 24  # fit's deferred steps are in the variable
     assert sess.data_position == (3, 0)
     assert np.isclose(float(opt.learning_rate), 0.1 * 0.5 ** (24 / 4))  # the schedule goes on
     assert history.epoch == [1, 2] and len(history.history["loss"]) == 2

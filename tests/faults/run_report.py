@@ -157,14 +157,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--kills", type=int, default=50)
     parser.add_argument("--seed", type=int, default=2026)
+    parser.add_argument("--async-kills", type=int, help="default: a fifth of --kills")
     parser.add_argument("--only", help="run only the scenarios whose name contains this")
     args = parser.parse_args()
+    async_kills = args.async_kills or max(1, args.kills // 5)
     scenarios = [
         (f"SIGKILL x{args.kills} (sync)", kills(args.kills, args.seed, "sync")),
-        (
-            f"SIGKILL x{max(1, args.kills // 5)} (async)",
-            kills(max(1, args.kills // 5), args.seed, "async"),
-        ),
+        (f"SIGKILL x{async_kills} (async)", kills(async_kills, args.seed, "async")),
         ("SIGTERM", sigterm),
         ("full disk (RLIMIT_FSIZE)", full_disk),
         ("logdir made unwritable", unwritable),

@@ -1,0 +1,329 @@
+"""asupervisor against what a user would pick instead, with the services a real run has on.
+
+    python benchmarks/peers.py                  # tiny and medium models, 3 rounds
+    python benchmarks/peers.py --rounds 5 --models tiny
+
+Every system trains the same model on the same in-memory batches, each in its own
+process (a fresh TensorFlow, no shared caches), in interleaved rounds (the order
+rotates each round); the table gives the median steps per second over rounds and
+two ratios of time per step: against the bare TF2 loop, and against the system's
+own bare loop (Keras' bare `fit` for the Keras rows, a plain graph-mode session
+loop for MonitoredTrainingSession). "Services on" means what a real run has: a
+checkpoint every 2 s, summaries every 1 s and a step-rate counter; for Keras'
+callbacks, whose schedules count batches, the same periods turned into batches from
+the run's own warm-up rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from typing import Any
+
+SAVE_SECS, SUMMARY_SECS = 2.0, 1.0
+# name: (inputs, hidden, outputs, batch, timed steps)
+MODELS = {
+    "tiny": (64, [32], 10, 32, 6000),
+    "medium": (784, [512, 512], 10, 128, 1500),
+}
+TIMES = "\u00d7"
+WARMUP = 200  # steps before the clock starts: tracing, first saves' set-up
+
+# system: (label, its own bare loop)
+SYSTEMS = {
+    "bare": ("bare TF2 `tf.function` loop", "bare"),
+    "manual": ("hand-written loop: `CheckpointManager` + `tf.summary`", "bare"),
+    "manual_fsync": ("the same with fsync (durable like asupervisor)", "bare"),
+    "asv_train": ("asupervisor `sess.train`, its own global step", "bare"),
+    "asv_train_iterations": (
+        "asupervisor `sess.train`, `global_step=optimizer.iterations`",
+        "bare",
+    ),
+    "asv_run": ("asupervisor `sess.run`", "bare"),
+    "keras_fit": ("bare Keras `fit`", "keras_fit"),
+    "asv_fit": ("asupervisor `sess.fit`", "keras_fit"),
+    "keras_backup_tb": ("Keras `fit` + `BackupAndRestore` + `TensorBoard`", "keras_fit"),
+    "keras_ckpt_tb_backup": (
+        "Keras `fit` + `ModelCheckpoint` + `TensorBoard` + `BackupAndRestore`",
+        "keras_fit",
+    ),
+    "tf1_bare": ("bare TF1 graph-mode `Session` loop", "tf1_bare"),
+    "mts": ("TF1 `MonitoredTrainingSession` (graph mode, same ops)", "tf1_bare"),
+}
+
+
+# -- one system, in a child process ----------------------------------------------------
+
+
+def data(tf: Any, model: str) -> Any:
+    import numpy as np
+
+    inputs, _, outputs, batch, _ = MODELS[model]
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(batch * 64, inputs)).astype("float32")
+    y = rng.integers(0, outputs, size=batch * 64)
+    return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat().prefetch(4)
+
+
+def keras_model(model: str) -> Any:
+    import keras
+
+    inputs, hidden, outputs, _, _ = MODELS[model]
+    layers = [keras.layers.Dense(h, activation="relu") for h in hidden]
+    net = keras.Sequential([keras.Input((inputs,)), *layers, keras.layers.Dense(outputs)])
+    net.compile(
+        optimizer=keras.optimizers.Adam(1e-3),
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+    return net
+
+
+def tf2_step(tf: Any, net: Any) -> Callable[..., Any]:
+    optimizer, loss_fn = net.optimizer, net.loss
+
+    @tf.function
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, net(x, training=True))
+        grads = tape.gradient(loss, net.trainable_variables)
+        optimizer.apply_gradients(zip(grads, net.trainable_variables, strict=True))
+        return loss
+
+    return step
+
+
+def timed(run: Callable[[int], None], steps: int) -> float:
+    run(WARMUP)
+    started = time.perf_counter()
+    run(steps)
+    return steps / (time.perf_counter() - started)
+
+
+def hand_written(tf: Any, model: str, steps: int, logdir: str, fsync: bool) -> float:
+    net = keras_model(model)
+    step = tf2_step(tf, net)
+    checkpoint = tf.train.Checkpoint(model=net, optimizer=net.optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, logdir, max_to_keep=5)
+    writer = tf.summary.create_file_writer(logdir)
+    it = iter(data(tf, model))
+    marks = {"save": time.monotonic(), "summary": time.monotonic()}
+    count = tf.Variable(0, dtype=tf.int64)
+
+    def run(n: int) -> None:
+        last = (int(count.numpy()), time.monotonic())
+        for _ in range(n):
+            loss = step(*next(it))
+            count.assign_add(1)
+            now = time.monotonic()
+            if now - marks["summary"] >= SUMMARY_SECS:
+                done = int(count.numpy())
+                with writer.as_default(step=done):
+                    tf.summary.scalar("loss", loss)
+                    tf.summary.scalar("steps/sec", (done - last[0]) / (now - last[1]))
+                last, marks["summary"] = (done, now), now
+            if now - marks["save"] >= SAVE_SECS:
+                path = manager.save(checkpoint_number=count)
+                if fsync:
+                    for name in [*tf.io.gfile.glob(path + ".*"), logdir + "/checkpoint", logdir]:
+                        fd = os.open(name, os.O_RDONLY)
+                        os.fsync(fd)
+                        os.close(fd)
+                marks["save"] = now
+
+    return timed(run, steps)
+
+
+def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
+    import anyio
+
+    import asupervisor as asv
+
+    net = keras_model(model)
+    step = tf2_step(tf, net)
+    dataset = data(tf, model)
+    gs = net.optimizer.iterations if how == "train_iterations" else None
+    if gs is not None:
+        net.optimizer.build(net.trainable_variables)
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"model": net, "optimizer": net.optimizer},
+        global_step=gs,
+        save_model_secs=SAVE_SECS,
+        save_summaries_secs=SUMMARY_SECS,
+        handle_signals=False,
+    )
+    result: list[float] = []
+
+    async def main() -> None:
+        async with sv.session() as sess:
+            if how == "fit":
+                await sess.fit(net, dataset.take(WARMUP), epochs=1, verbose=0)
+                started = time.perf_counter()
+                await sess.fit(net, dataset.take(steps), epochs=2, verbose=0)
+            elif how == "run":
+                it = iter(dataset)
+                for _ in range(WARMUP):
+                    await sess.run(step, *next(it))
+                started = time.perf_counter()
+                for _ in range(steps):
+                    await sess.run(step, *next(it))
+            else:
+                await sess.train(step, dataset.take(WARMUP))
+                started = time.perf_counter()
+                await sess.train(step, dataset.take(steps))
+            result.append(steps / (time.perf_counter() - started))
+
+    anyio.run(main)
+    return result[0]
+
+
+def keras_fit(tf: Any, model: str, steps: int, logdir: str, callbacks: str) -> float:
+    import keras
+
+    net = keras_model(model)
+    dataset = data(tf, model)
+    started = time.perf_counter()
+    net.fit(dataset, steps_per_epoch=WARMUP, epochs=1, verbose=0)
+    every = max(1, int(WARMUP / (time.perf_counter() - started)))  # batches per second, about
+    chosen: list[Any] = []
+    if callbacks:
+        chosen.append(keras.callbacks.BackupAndRestore(logdir + "/backup", save_freq=2 * every))
+        chosen.append(keras.callbacks.TensorBoard(logdir + "/tb", update_freq=every))
+    if callbacks == "ckpt":
+        path = logdir + "/ckpt-{batch}.weights.h5"
+        chosen.append(
+            keras.callbacks.ModelCheckpoint(path, save_weights_only=True, save_freq=2 * every)
+        )
+    started = time.perf_counter()
+    net.fit(dataset, steps_per_epoch=steps, epochs=1, verbose=0, callbacks=chosen)
+    return steps / (time.perf_counter() - started)
+
+
+def tf1(tf: Any, model: str, steps: int, logdir: str, monitored: bool) -> float:
+    tf.compat.v1.disable_eager_execution()
+    v1 = tf.compat.v1
+    inputs, hidden, outputs, _, _ = MODELS[model]
+    x, y = v1.data.make_one_shot_iterator(data(tf, model)).get_next()
+    h, width = x, inputs
+    for i, units in enumerate([*hidden, outputs]):
+        w = v1.get_variable(f"w{i}", (width, units), initializer=v1.glorot_uniform_initializer())
+        b = v1.get_variable(f"b{i}", (units,), initializer=v1.zeros_initializer())
+        h = tf.matmul(h, w) + b
+        h, width = (tf.nn.relu(h) if i < len(hidden) else h), units
+    loss = tf.reduce_mean(tf.nn.sparse_softmax_cross_entropy_with_logits(labels=y, logits=h))
+    global_step = v1.train.get_or_create_global_step()
+    train_op = v1.train.AdamOptimizer(1e-3).minimize(loss, global_step=global_step)
+    v1.summary.scalar("loss", loss)
+    if not monitored:
+        with v1.Session() as session:
+            session.run(v1.global_variables_initializer())
+            return timed(lambda n: [session.run(train_op) for _ in range(n)], steps)
+    with v1.train.MonitoredTrainingSession(
+        checkpoint_dir=logdir,
+        save_checkpoint_secs=SAVE_SECS,
+        save_summaries_secs=SUMMARY_SECS,
+        log_step_count_steps=None,
+    ) as session:
+        return timed(lambda n: [session.run(train_op) for _ in range(n)], steps)
+
+
+def child(system: str, model: str) -> None:
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import tensorflow as tf
+
+    steps = MODELS[model][4]
+    with tempfile.TemporaryDirectory() as logdir:
+        runs: dict[str, Callable[[], float]] = {
+            "bare": lambda: bare(tf, model, steps),
+            "manual": lambda: hand_written(tf, model, steps, logdir, fsync=False),
+            "manual_fsync": lambda: hand_written(tf, model, steps, logdir, fsync=True),
+            "asv_train": lambda: supervised(tf, model, steps, logdir, "train"),
+            "asv_train_iterations": lambda: supervised(
+                tf, model, steps, logdir, "train_iterations"
+            ),
+            "asv_run": lambda: supervised(tf, model, steps, logdir, "run"),
+            "asv_fit": lambda: supervised(tf, model, steps, logdir, "fit"),
+            "keras_fit": lambda: keras_fit(tf, model, steps, logdir, ""),
+            "keras_backup_tb": lambda: keras_fit(tf, model, steps, logdir, "backup"),
+            "keras_ckpt_tb_backup": lambda: keras_fit(tf, model, steps, logdir, "ckpt"),
+            "tf1_bare": lambda: tf1(tf, model, steps, logdir, monitored=False),
+            "mts": lambda: tf1(tf, model, steps, logdir, monitored=True),
+        }
+        rate = runs[system]()
+    print(json.dumps({"steps_per_sec": rate}))
+
+
+def bare(tf: Any, model: str, steps: int) -> float:
+    net = keras_model(model)
+    step = tf2_step(tf, net)
+    it = iter(data(tf, model))
+    return timed(lambda n: [step(*next(it)) for _ in range(n)], steps)
+
+
+# -- the parent: interleaved rounds, medians, the table ------------------------------
+
+
+def ratio(median: dict[str, float], base: str, system: str) -> str:
+    """Time per step of ``system`` over that of ``base`` (rates inverted)."""
+    return f"{median[base] / median[system]:.2f}{TIMES}" if base in median else "—"
+
+
+def measure(system: str, model: str) -> float:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    done = subprocess.run(
+        [sys.executable, __file__, "--child", system, model],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
+    lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+    if done.returncode != 0 or not lines:
+        raise RuntimeError(f"{system} on {model} failed:\n{done.stderr[-3000:]}")
+    return float(json.loads(lines[-1])["steps_per_sec"])
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--models", default="tiny,medium", help="comma-separated: tiny,medium")
+    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        child(*args.child)
+        return
+    systems = args.systems.split(",")
+    for model in args.models.split(","):
+        inputs, hidden, outputs, batch, steps = MODELS[model]
+        shape = "-".join(map(str, [inputs, *hidden, outputs]))
+        rates: dict[str, list[float]] = {s: [] for s in systems}
+        for r in range(args.rounds):
+            shift = r % len(systems)
+            for system in systems[shift:] + systems[:shift]:
+                rates[system].append(measure(system, model))
+        median = {s: statistics.median(v) for s, v in rates.items()}
+        print(
+            f"\n{model} model {shape}, Adam, batch {batch}, {steps} timed steps, {args.rounds} "
+            "rounds (median steps/s; time per step vs the bare loops):\n"
+        )
+        print("| system | steps/s (rounds) | vs bare TF2 loop | vs its own bare loop |")
+        print("|---|---|---|---|")
+        for system in systems:
+            label, own = SYSTEMS[system]
+            spread = ", ".join(f"{v:.0f}" for v in rates[system])
+            vs_bare = ratio(median, "bare", system)
+            vs_own = ratio(median, own, system) if own != system else "—"
+            print(f"| {label} | {median[system]:.0f} ({spread}) | {vs_bare} | {vs_own} |")
+        sys.stdout.flush()
+
+
+if __name__ == "__main__":
+    main()
