@@ -29,6 +29,7 @@ test: $(STAMP)
 	$(PY) -m pytest -q
 
 bench: $(STAMP)
+	$(PY) benchmarks/peers.py
 	$(PY) benchmarks/step_overhead.py
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/lifecycle_latency.py

@@ -165,7 +165,9 @@ class Checkpointer:
             path, vanished = self._restore_first_good(skipped, failed)
             if not vanished:
                 return path, skipped
-        return None, skipped
+        # The logdir never held still: one last pass in which every failure is damage.
+        path, _ = self._restore_first_good(skipped, set(self.candidates()))
+        return path, skipped
 
     def _restore_first_good(
         self, skipped: list[tuple[str, str]], failed: set[str]

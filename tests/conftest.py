@@ -14,6 +14,8 @@ import pytest
 import structlog
 import tensorflow as tf
 
+import asupervisor as asv
+
 
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
@@ -55,3 +57,13 @@ def pair() -> Pair:
 
 def named(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
     return [e for e in events if e["event"] == name]
+
+
+def pair_supervisor(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
+    """A Supervisor over a Pair that saves every 2 steps and keeps every checkpoint."""
+    kwargs.setdefault("save_model_secs", 0)
+    kwargs.setdefault("save_model_steps", 2)
+    kwargs.setdefault("max_to_keep", None)
+    kwargs.setdefault("save_summaries_secs", 0)
+    kwargs.setdefault("handle_signals", False)
+    return asv.Supervisor(logdir, checkpoint={"pair": pair}, **kwargs)

@@ -14,18 +14,12 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from tests.conftest import Pair, named
+from tests.conftest import Pair, named, pair_supervisor
 
 pytestmark = pytest.mark.asyncio
 
 
-def make(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
-    kwargs.setdefault("save_model_secs", 0)
-    kwargs.setdefault("save_model_steps", 2)
-    kwargs.setdefault("max_to_keep", None)
-    kwargs.setdefault("save_summaries_secs", 0)
-    kwargs.setdefault("handle_signals", False)
-    return asv.Supervisor(logdir, checkpoint={"pair": pair}, **kwargs)
+make = pair_supervisor
 
 
 async def train(logdir: str, steps: int) -> None:
