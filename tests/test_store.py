@@ -19,8 +19,6 @@ import tensorflow as tf
 import asupervisor as asv
 from tests.conftest import Pair, named, pair_supervisor
 
-pytestmark = pytest.mark.asyncio
-
 
 @pytest.fixture(params=["local", "ram"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
@@ -53,6 +51,7 @@ def write(path: str, data: bytes) -> None:
         f.write(data)
 
 
+@pytest.mark.asyncio
 async def test_a_run_saves_resumes_sweeps_and_writes_events_on_the_store(where: str) -> None:
     await train(where, 6, max_to_keep=2, save_summaries_steps=2)
     assert steps_on_disk(where) == [4, 6]  # the sweep works on the store too
@@ -71,6 +70,7 @@ async def test_a_run_saves_resumes_sweeps_and_writes_events_on_the_store(where: 
     assert steps == [2, 4, 6]
 
 
+@pytest.mark.asyncio
 async def test_retention_never_deletes_outside_the_logdir_on_the_store(where: str) -> None:
     parent = where.rsplit("/", 1)[0]
     victim = f"{parent}/victim"
@@ -98,6 +98,7 @@ async def test_retention_never_deletes_outside_the_logdir_on_the_store(where: st
     assert steps_on_disk(where) == [8]
 
 
+@pytest.mark.asyncio
 @pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00garbage\x80"], ids=["empty", "bytes"])
 async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
     where: str, content: bytes
@@ -112,6 +113,7 @@ async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
     assert tf.train.latest_checkpoint(where).endswith("model.ckpt-4")  # a good one again
 
 
+@pytest.mark.asyncio
 async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None:
     await train(where, 8)  # saves at 0, 2, 4, 6, 8
     # As if killed after writing 8 but before the state file named it; 2 lost the same way.
@@ -125,6 +127,7 @@ async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None
     assert steps_on_disk(where) == [10, 12]
 
 
+@pytest.mark.asyncio
 async def test_a_second_chief_is_refused_on_the_store(where: str) -> None:
     pair = Pair()
     async with make(where, pair).session():
@@ -133,6 +136,7 @@ async def test_a_second_chief_is_refused_on_the_store(where: str) -> None:
                 pass
 
 
+@pytest.mark.asyncio
 async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
     where: str,
 ) -> None:
@@ -150,6 +154,7 @@ async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
     assert steps_on_disk(where) == [0]  # nothing written after
 
 
+@pytest.mark.asyncio
 async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
     tmp_path: Path, events: list[dict[str, Any]]
 ) -> None:
@@ -163,6 +168,7 @@ async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
     assert not tf.io.gfile.exists(f"{where}/.asupervisor.lease")  # released at the end
 
 
+@pytest.mark.asyncio
 async def test_a_live_lease_names_its_holder_and_when_it_expires(tmp_path: Path) -> None:
     where = f"ram://{tmp_path.name}/run"
     tf.io.gfile.makedirs(where)
@@ -180,6 +186,7 @@ async def test_a_live_lease_names_its_holder_and_when_it_expires(tmp_path: Path)
 @pytest.mark.parametrize(
     "name", ["model.ckpt-4.data-00000-of-00001", "model.ckpt-4.index", "checkpoint"]
 )
+@pytest.mark.asyncio
 async def test_a_fifo_in_a_checkpoints_place_is_skipped_not_waited_on(
     logdir: str, name: str
 ) -> None:
@@ -198,6 +205,7 @@ async def test_a_fifo_in_a_checkpoints_place_is_skipped_not_waited_on(
         assert "not a regular file" in report.skipped[0][1]
 
 
+@pytest.mark.asyncio
 async def test_a_symlink_out_of_the_logdir_is_never_read(logdir: str, tmp_path: Path) -> None:
     await train(logdir, 4)
     outside = tmp_path / "outside.index"
@@ -210,6 +218,7 @@ async def test_a_symlink_out_of_the_logdir_is_never_read(logdir: str, tmp_path: 
         assert "not a regular file inside the logdir" in sess.restore_report.skipped[0][1]
 
 
+@pytest.mark.asyncio
 async def test_a_fifo_as_the_lock_file_is_refused_not_waited_on(logdir: str) -> None:
     os.makedirs(logdir)
     os.mkfifo(Path(logdir, ".asupervisor.lock"))
@@ -221,6 +230,7 @@ async def test_a_fifo_as_the_lock_file_is_refused_not_waited_on(logdir: str) -> 
 # -- non-chiefs --------------------------------------------------------------------
 
 
+@pytest.mark.asyncio
 async def test_a_non_chief_keeps_waiting_while_only_damaged_checkpoints_exist(
     logdir: str,
 ) -> None:
