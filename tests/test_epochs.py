@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
 from typing import Any
 
 import keras
@@ -10,8 +12,6 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-
-pytestmark = pytest.mark.asyncio
 
 
 def make(logdir: str, **objects: Any) -> asv.Supervisor:
@@ -25,6 +25,7 @@ def make(logdir: str, **objects: Any) -> asv.Supervisor:
     )
 
 
+@pytest.mark.asyncio
 async def test_train_with_epochs_resumes_at_the_same_batch_after_a_crash(logdir: str) -> None:
     v = tf.Variable(0.0)
     data = tf.data.Dataset.range(10)  # one epoch: the batches 0..9
@@ -50,6 +51,7 @@ async def test_train_with_epochs_resumes_at_the_same_batch_after_a_crash(logdir:
     assert [b for _, b in seen] == [*range(2, 10), *range(10)]  # epoch 1 from batch 2, epoch 2
 
 
+@pytest.mark.asyncio
 async def test_a_function_of_the_epoch_is_called_with_each_epoch(logdir: str) -> None:
     v = tf.Variable(0.0)
     epochs: list[int] = []
@@ -90,6 +92,7 @@ class Record(keras.callbacks.Callback):
             raise RuntimeError("crash in a callback")
 
 
+@pytest.mark.asyncio
 async def test_fit_resumes_at_the_exact_batch_with_optimizer_schedule_and_callbacks(
     logdir: str,
 ) -> None:
@@ -115,6 +118,7 @@ async def test_fit_resumes_at_the_exact_batch_with_optimizer_schedule_and_callba
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-24")
 
 
+@pytest.mark.asyncio
 async def test_fit_is_refused_for_data_it_cannot_resume_into(logdir: str) -> None:
     model, opt, _ = model_and_data()
     async with make(logdir, model=model, opt=opt).session() as sess:
@@ -124,6 +128,7 @@ async def test_fit_is_refused_for_data_it_cannot_resume_into(logdir: str) -> Non
             await sess.fit(model, tf.data.Dataset.range(1), epochs=1, initial_epoch=2)
 
 
+@pytest.mark.asyncio
 async def test_fit_runs_under_a_mirrored_strategy(logdir: str) -> None:
     strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
     with strategy.scope():
@@ -141,3 +146,74 @@ async def test_fit_runs_under_a_mirrored_strategy(logdir: str) -> None:
         await sess.fit(model, data, epochs=2, verbose=0)
     assert sess.global_step == 16 and sess.data_position == (2, 0)
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-16")
+
+
+EPOCH_TRAINER = """
+import sys
+import time
+
+import anyio
+import tensorflow as tf
+
+import asupervisor as asv
+
+v = tf.Variable(0.0)
+
+
+def step(batch):
+    time.sleep(0.01)  # slow enough for a kill to land inside an epoch
+    v.assign_add(1.0)
+    print(f"ran batch {int(batch)}", flush=True)
+
+
+async def main() -> None:
+    sv = asv.Supervisor(
+        sys.argv[1], checkpoint={"v": v}, save_model_secs=0, save_model_steps=4,
+        save_summaries_secs=0,
+    )
+    async with sv.session() as sess:
+        epoch, batch = sess.data_position
+        print(f"starting at epoch {epoch} batch {batch} step {sess.global_step} "
+              f"v {v.numpy():.0f}", flush=True)
+        await sess.train(step, tf.data.Dataset.range(10), epochs=int(sys.argv[2]))
+
+
+anyio.run(main)
+"""
+
+
+@pytest.mark.slow
+def test_train_with_epochs_killed_mid_epoch_resumes_at_the_same_batch(tmp_path: Path) -> None:
+    import re
+    import subprocess
+    import sys
+
+    logdir = str(tmp_path / "run")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+
+    def start(epochs: int) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-c", EPOCH_TRAINER, logdir, str(epochs)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+        )  # fmt: skip
+
+    run = start(1000)
+    assert run.stdout is not None
+    ran = 0
+    for line in run.stdout:
+        ran += line.startswith("ran batch")
+        if ran == 27:  # inside the third epoch, 3 batches past the save at step 24
+            run.kill()
+            break
+    run.wait(60)
+    again = start(4)
+    out, _ = again.communicate(timeout=120)
+    assert again.returncode == 0, out[-3000:]
+    found = re.search(r"starting at epoch (\d+) batch (\d+) step (\d+) v (\d+)", out)
+    assert found, out[-3000:]
+    epoch, batch, step, v = (int(g) for g in found.groups())
+    assert 24 <= step <= 27 and step % 4 == 0  # the last checkpoint before the kill
+    assert (epoch, batch) == divmod(step, 10) and v == step  # the same batch, the same state
+    batches = [int(b) for b in re.findall(r"ran batch (\d+)", out)]
+    assert batches[0] == batch  # it goes on at that batch of that epoch
+    assert len(batches) == 40 - step  # to the end of epoch 4: nothing twice, nothing skipped
