@@ -23,6 +23,7 @@ from ._log import log
 from ._logdir import (
     STATE,
     checkpoint_bytes,
+    checkpoint_problem,
     files_problem,
     is_own,
     list_checkpoints,
@@ -106,8 +107,9 @@ class Checkpointer:
             )
             # Checkpoints the state file names that the supervisor did not write, or
             # not in this directory (`../victim/model.ckpt-5`): never swept by retention.
+            inside = Store(where).name_of
             for listed in list(made._maybe_delete):
-                if Store(where).name_of(listed) is None or not is_own(listed, basename):
+                if inside(listed) is None or not is_own(listed, basename):
                     del made._maybe_delete[listed]
             return made
 
@@ -176,7 +178,7 @@ class Checkpointer:
         logdir changed under it (the chief's retention swept it mid-read): the caller
         lists again, newer ones first. Failing a second time, it is damage."""
         for path in self.candidates():
-            problem = files_problem(self.store, path) or verify_checkpoint(path)
+            problem = checkpoint_problem(self.store, path)
             try:
                 if problem is None:
                     self.restore(path)
@@ -212,8 +214,7 @@ class Checkpointer:
         for path in self.candidates():
             key = (path, self._stamp(path))
             if key not in self._verified:
-                problem = files_problem(self.store, path) or verify_checkpoint(path)
-                self._verified[key] = problem is None
+                self._verified[key] = checkpoint_problem(self.store, path) is None
             if self._verified[key]:
                 return True
         return False

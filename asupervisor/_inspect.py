@@ -15,9 +15,8 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
-from ._logdir import STATE, checkpoint_bytes, files_problem
+from ._logdir import STATE, checkpoint_bytes, checkpoint_problem, files_problem
 from ._store import Store, is_object_store
-from ._verify import verify_checkpoint
 
 _INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)\.index$")
 
@@ -86,9 +85,7 @@ def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[Check
         if match is None:
             continue
         prefix = store.path(name[: -len(".index")])
-        problem = files_problem(store, prefix)
-        if problem is None and verify:
-            problem = verify_checkpoint(prefix)
+        problem = checkpoint_problem(store, prefix) if verify else files_problem(store, prefix)
         try:
             saved = _iso(store.mtime(name))
         except OSError:

@@ -14,6 +14,7 @@ from typing import Any
 
 from ._log import log
 from ._store import Store
+from ._verify import verify_checkpoint
 
 STATE = "checkpoint"  # TF's state file: which checkpoints exist, the latest last
 
@@ -66,6 +67,7 @@ def list_checkpoints(store: Store, basename: str, committed_only: bool = False) 
     pattern = re.compile(re.escape(basename) + r"-(\d+)$")
     names: set[str] = set()
     foreign: list[str] = []  # named by the state file, not ours: newest first, after ours
+    on_disk = {n[: -len(".index")] for n in store.names() if n.endswith(".index")}
     try:
         state = read_state(store)
     except (OSError, ValueError, UnicodeDecodeError):  # damaged: the disk still lists
@@ -76,13 +78,12 @@ def list_checkpoints(store: Store, basename: str, committed_only: bool = False) 
             if name is None:
                 continue  # outside the logdir: never read, restored or deleted
             names.add(name)
-            if not pattern.match(name) and name not in foreign and store.exists(name + ".index"):
+            if not pattern.match(name) and name not in foreign and name in on_disk:
                 foreign.append(name)
-    on_disk = {n[: -len(".index")] for n in store.names() if n.endswith(".index")}
     if committed_only and state is not None:
         on_disk &= names
     # Named by the state file but without files: nothing to restore, not a candidate.
-    steps = {n: int(m[1]) for n in names | on_disk if (m := pattern.match(n)) and n in on_disk}
+    steps = {n: int(m[1]) for n in on_disk if (m := pattern.match(n))}
     own = sorted(steps, key=steps.__getitem__, reverse=True)
     return [store.path(n) for n in [*own, *(f for f in foreign if f not in steps)]]
 
@@ -98,6 +99,12 @@ def files_problem(store: Store, prefix: str) -> str | None:
         if store.kind(file) != "file":
             return f"{file} is not a regular file inside the logdir"
     return None
+
+
+def checkpoint_problem(store: Store, prefix: str) -> str | None:
+    """Why the checkpoint at ``prefix`` cannot be restored, or ``None``: its files are
+    checked first (TF's reader would block on a FIFO), then every tensor is read back."""
+    return files_problem(store, prefix) or verify_checkpoint(prefix)
 
 
 def checkpoint_bytes(store: Store, prefix: str) -> int:
