@@ -134,8 +134,11 @@ class Agreement:
         self._watcher.start()
 
     def close(self) -> None:
+        """Not waited for: the watcher may sit in a read of the store for up to
+        ``POLL_MS``, and a stopping job should not pay that. After this it calls back
+        no more (it checks ``_closed`` first), and an acknowledgement it may still
+        write helps whoever waits for it."""
         self._closed.set()
-        self._watcher.join(timeout=POLL_MS / 1000 * 4)
 
     def finish_together(self, timeout_secs: float) -> None:
         """After a clean stop: wait until every worker is done with its final save.

@@ -16,6 +16,7 @@ from ._hooks import Hook, RunContext
 from ._log import log
 from ._means import ResultMeans
 from ._position import epoch_data, skipped
+from ._release import release
 from ._stopping import is_end_of_data
 
 if TYPE_CHECKING:
@@ -321,14 +322,23 @@ class Stepper:
         checked and the jobs queued meanwhile (saves, holds, calls) are run. With
         ``epochs``, from the saved position (epoch, batch) to the end of the last epoch."""
         if epochs is None:
-            return self._steps_over(step_fn, iter(data), max_steps)[0]
+            iterator = iter(data)
+            try:
+                return self._steps_over(step_fn, iterator, max_steps)[0]
+            finally:
+                release(iterator)  # its destructor may block: not before the final save
         position, done = self.runtime.position, 0
         position.counting = True
         try:
             while position.epoch < epochs:
                 source = skipped(epoch_data(data, position.epoch), position.batch)
                 left = None if max_steps is None else max_steps - done
-                ran, exhausted = self._steps_over(step_fn, iter(source), left)
+                iterator = iter(source)
+                try:
+                    ran, exhausted = self._steps_over(step_fn, iterator, left)
+                finally:
+                    release(iterator)
+                del iterator, source
                 done += ran
                 if not exhausted:
                     break  # a stop, or max_steps

@@ -1,43 +1,65 @@
-"""What a checkpoint costs training: synchronous saves vs async_checkpoint=True.
+"""What a checkpoint costs training, against the disk's floor and TensorFlow's own savers.
 
     python benchmarks/checkpoint_stall.py                 # 10 MB, 100 MB and 1 GB of variables
-    python benchmarks/checkpoint_stall.py --sizes-mb 100
+    python benchmarks/checkpoint_stall.py --sizes-mb 100 --saves 5
 
-For each state size a model trains whose step updates a tenth of the state
-(every snapshot is soon shared with an update: copy-on-write's worst case).
-Saves are spaced wider than a write takes, as in a real run. Reported, as
-medians over the saves:
+For each state size one model trains whose step updates a tenth of the state in
+place (every snapshot is soon shared with an update: copy-on-write's worst case), and
+every saver below checkpoints it in the same process, saves interleaved round by
+round so that the machine's drift falls on all of them alike:
 
-- held: how long the training thread was held (``blocked_seconds`` of the
-  library's ``checkpoint.saved`` event): the whole save when synchronous;
-- lost: the training time one checkpoint cost: held, plus (async) the extra
-  time of the steps that ran while the write was in flight, against the step
-  time with no write in flight;
-- steps/s during the background write, against steps/s without one;
-- peak RSS above the RSS before the save (``VmHWM`` reset per save);
-- the physical limits, measured in the same run: the disk's write bandwidth
-  (write + fsync) and the memory copy bandwidth.
+- ``floor``: the same bytes written by plain Python into one file and fsynced;
+- ``tf sync``: ``tf.train.CheckpointManager.save`` (TF does not fsync);
+- ``tf async``: the same with ``CheckpointOptions(enable_async=True)`` (no fsync);
+- ``asv sync`` / ``asv async``: a supervised session's ``save_checkpoint()``,
+  fsynced, without and with ``async_checkpoint=True``.
+
+Each save is followed by a window of steps longer than any write, and a window
+without a save measures the steps' own time. Reported, as medians over the saves:
+
+- write s: the save's wall time until its files are on disk (async: the
+  ``checkpoint.saved`` event's ``seconds``), and its ratio to the floor;
+- held s: how long the training thread was held (async: the snapshot);
+- lost s: the training time one checkpoint cost: held, plus the extra time of
+  the steps in the window against the same steps with no save;
+- peak +MB: what the saves add to the run's peak RSS (``VmHWM``), measured for each
+  saver in a process of its own (an allocator reuses memory other savers freed):
+  the peak after steps with saves minus the peak after as many without.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import shutil
 import statistics
+import subprocess
+import sys
 import tempfile
 import time
+from collections.abc import AsyncIterator, Sequence
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import anyio
-import numpy as np
 import structlog
 import tensorflow as tf
 
 import asupervisor as asv
 
+X = "\N{MULTIPLICATION SIGN}"
+
 
 class Big(tf.Module):
+    """``megabytes`` of variables in ``parts``; each step updates one part in place.
+
+    The update is sparse (one element), so a step allocates nothing: the run's memory
+    is the state's, and a part whose buffer a snapshot shares is copied whole before
+    the update (copy-on-write's worst case: within ``parts`` steps, all of it).
+    """
+
     def __init__(self, megabytes: int, parts: int = 10) -> None:
         super().__init__()
         floats = megabytes * 1024 * 1024 // 4 // parts
@@ -49,35 +71,9 @@ class Big(tf.Module):
         i = self.turn % len(self.parts)
         for k, part in enumerate(self.parts):
             if tf.equal(i, k):
-                part.assign_add(tf.ones_like(part))
+                part.scatter_nd_add([[0]], [1.0])
         self.turn.assign_add(1)
         return tf.constant(0.0)
-
-
-def disk_bandwidth(directory: str, megabytes: int) -> float:
-    """MB/s writing and fsyncing ``megabytes`` in 8 MB blocks."""
-    block = os.urandom(8 * 1024 * 1024)
-    path = os.path.join(directory, "bandwidth.bin")
-    blocks = max(1, megabytes // 8)
-    started = time.perf_counter()
-    with open(path, "wb") as f:
-        for _ in range(blocks):
-            f.write(block)
-        f.flush()
-        os.fsync(f.fileno())
-    seconds = time.perf_counter() - started
-    os.remove(path)
-    return blocks * 8 / seconds
-
-
-def copy_bandwidth(megabytes: int) -> float:
-    """MB/s copying ``megabytes`` in memory (the floor of any snapshot that copies)."""
-    source = np.ones(megabytes * 1024 * 1024 // 8)
-    target = np.empty_like(source)
-    np.copyto(target, source)
-    started = time.perf_counter()
-    np.copyto(target, source)
-    return megabytes / (time.perf_counter() - started)
 
 
 def rss_mb(field: str) -> float:
@@ -88,100 +84,255 @@ def rss_mb(field: str) -> float:
     return float("nan")
 
 
-def reset_peak_rss() -> None:
-    try:
-        with open("/proc/self/clear_refs", "w") as f:
-            f.write("5")  # resets VmHWM to the current RSS
-    except OSError:
-        pass
+def floor_write(big: Big, directory: str) -> float:
+    """Seconds to write the state's bytes into one file with plain Python and fsync it."""
+    arrays = [p.numpy() for p in big.parts]
+    path = os.path.join(directory, "floor.bin")
+    started = time.perf_counter()
+    with open(path, "wb") as f:
+        for array in arrays:
+            f.write(memoryview(array).cast("B"))
+        f.flush()
+        os.fsync(f.fileno())
+    seconds = time.perf_counter() - started
+    os.remove(path)
+    return seconds
 
 
-async def measure(megabytes: int, async_checkpoint: bool, saves: int) -> dict[str, float]:
-    big = Big(megabytes)
-    big.step()  # trace outside the measurement
-    with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as logdir:
-        sv = asv.Supervisor(
-            logdir,
+class Saver:
+    """One way of checkpointing ``big``: ``save()`` returns when training may go on,
+    ``written()`` is the seconds from the save's start until its files were complete
+    (``None`` while it is still being written)."""
+
+    name = ""
+
+    def __init__(self, big: Big, directory: str) -> None:
+        self.big, self.directory = big, directory
+
+    async def step(self) -> None:
+        self.big.step()
+
+    async def save(self) -> float:
+        """The save; returns how long it held the training thread."""
+        raise NotImplementedError
+
+    def written(self) -> float | None:
+        raise NotImplementedError
+
+
+class TFSaver(Saver):
+    def __init__(self, big: Big, directory: str, async_write: bool) -> None:
+        super().__init__(big, directory)
+        self.name = "tf async" if async_write else "tf sync"
+        self.checkpoint = tf.train.Checkpoint(big=big)
+        self.manager = tf.train.CheckpointManager(self.checkpoint, directory, max_to_keep=2)
+        self.options = tf.train.CheckpointOptions(enable_async=async_write)
+        self.async_write = async_write
+        self.started = 0.0
+        self.done: float | None = None
+
+    async def save(self) -> float:
+        self.started = time.perf_counter()
+        self.done = None
+        self.manager.save(options=self.options)
+        held = time.perf_counter() - self.started
+        if not self.async_write:
+            self.done = held
+        return held
+
+    def written(self) -> float | None:
+        if self.done is None:
+            # TF's writer thread marks each save done on its queue (no public probe);
+            # polled between steps, so this is late by at most one step.
+            if self.checkpoint._async_checkpointer()._queue.unfinished_tasks == 0:
+                self.done = time.perf_counter() - self.started
+        return self.done
+
+
+class AsvSaver(Saver):
+    """A supervised session; steps and saves go through it as a user's do, and the
+    times come from its ``checkpoint.saved`` events."""
+
+    def __init__(self, big: Big, directory: str, async_write: bool, events: list[Any]) -> None:
+        super().__init__(big, directory)
+        self.name = "asv async" if async_write else "asv sync"
+        self.supervisor = asv.Supervisor(
+            directory,
             checkpoint={"big": big},
             save_model_secs=3600,
             max_to_keep=2,
-            async_checkpoint=async_checkpoint,
+            async_checkpoint=async_write,
             save_summaries_secs=0,
             handle_signals=False,
         )
-        lost, rates_during, peaks, base_rates = [], [], [], []
-        with structlog.testing.capture_logs() as events:
-            async with sv.session() as sess:
-                ckpt = sess._checkpointer
-                assert ckpt is not None
-                ckpt.wait_for_write()  # the session's first save
-                for _ in range(saves):
-                    base = await step_times(sess, big, seconds=1.0)
-                    base_step = statistics.median(base)
-                    base_rates.append(1 / base_step)
-                    rss_before = rss_mb("VmRSS")
-                    reset_peak_rss()
-                    started = time.perf_counter()
-                    await sess.call(sess._save_checkpoint)
-                    held = time.perf_counter() - started
-                    during: list[float] = []
-                    while ckpt._writer is not None and ckpt._writer.is_alive():
-                        during += await step_times(sess, big, steps=1)
-                    ckpt.wait_for_write()
-                    peaks.append(rss_mb("VmHWM") - rss_before)
-                    extra = sum(during) - len(during) * base_step
-                    lost.append(held + max(0.0, extra))
-                    if during:
-                        rates_during.append(len(during) / sum(during))
-    saved = [e for e in events if e["event"] == "checkpoint.saved" and e["step"] > 0]
-    return {
-        "save": statistics.median(e["seconds"] for e in saved),
-        "held": statistics.median(e["blocked_seconds"] for e in saved),
-        "lost": statistics.median(lost),
-        "rate": statistics.median(base_rates),
-        "rate_during": statistics.median(rates_during) if rates_during else float("nan"),
-        "peak": statistics.median(peaks),
-    }
+        self.events = events
+        self.seen = 0
+        self.sess: asv.ManagedSession | None = None
+
+    def _saved(self) -> list[dict[str, Any]]:
+        saved = [e for e in self.events[self.seen :] if e["event"] == "checkpoint.saved"]
+        return [e for e in saved if e["path"].startswith(self.directory)]
+
+    async def step(self) -> None:
+        assert self.sess is not None
+        await self.sess.run(self.big.step)
+
+    async def save(self) -> float:
+        assert self.sess is not None
+        self.seen = len(self.events)
+        started = time.perf_counter()
+        await self.sess.save_checkpoint()
+        return time.perf_counter() - started  # replaced by the event's figure (held())
+
+    def held(self) -> float:
+        return float(self._saved()[0]["blocked_seconds"])
+
+    def written(self) -> float | None:
+        saved = self._saved()
+        return float(saved[0]["seconds"]) if saved else None
 
 
-async def step_times(
-    sess: asv.ManagedSession, big: Big, seconds: float = 0.0, steps: int = 0
-) -> list[float]:
+async def window(saver: Saver, seconds: float, save: bool) -> tuple[float, list[float]]:
+    """Steps for ``seconds`` (and on, until a save made at its start is on disk):
+    the save's hold and each step's time."""
+    held = await saver.save() if save else 0.0
     times: list[float] = []
     until = time.perf_counter() + seconds
-    while len(times) < steps or time.perf_counter() < until:
+    while True:
+        on_disk = not save or saver.written() is not None  # polled every step
+        if on_disk and time.perf_counter() >= until:
+            break
         started = time.perf_counter()
-        await sess.run(big.step)
+        await saver.step()
         times.append(time.perf_counter() - started)
-    return times
+    if save and isinstance(saver, AsvSaver):
+        held = saver.held()  # the training thread's own figure, without the round trip
+    return held, times
 
 
-async def main(sizes: list[int], saves: int) -> None:
-    print(f"TensorFlow {tf.__version__}, {os.cpu_count()} cores; medians of {saves} saves per row")
+def lost_time(held: float, times: list[float], base: list[float]) -> float:
+    """Held, plus what the window's steps took beyond as many unhindered steps."""
+    return held + max(0.0, sum(times) - len(times) * statistics.median(base))
+
+
+SAVERS = ("tf sync", "tf async", "asv sync", "asv async")
+
+
+@contextlib.asynccontextmanager
+async def savers(big: Big, root: str, names: Sequence[str]) -> AsyncIterator[list[Saver]]:
+    """The savers named, each over its own directory; the supervised ones in a session."""
+    made: list[Saver] = []
+    with structlog.testing.capture_logs() as events:
+        async with contextlib.AsyncExitStack() as stack:
+            for name in names:
+                directory = os.path.join(root, name.replace(" ", "-"))
+                if name.startswith("tf"):
+                    made.append(TFSaver(big, directory, async_write=name == "tf async"))
+                else:
+                    saver = AsvSaver(big, directory, name == "asv async", events)
+                    saver.sess = await stack.enter_async_context(saver.supervisor.session())
+                    made.append(saver)
+            yield made
+
+
+def peak_rss(megabytes: int, name: str, saves: int, seconds: float) -> float:
+    """MB that ``name``'s saves add to the peak RSS of a run, measured in a process of its
+    own (an allocator reuses what other savers freed): the process's high-water mark
+    after steps with saves, minus the mark after as many steps before any saver."""
+    out = subprocess.run(
+        [
+            sys.executable,
+            __file__,
+            "--peak-of",
+            name,
+            "--sizes-mb",
+            str(megabytes),
+            "--saves",
+            str(saves),
+            "--window",
+            str(seconds),
+        ],
+        check=True,
+        capture_output=True,
+        text=True,
+    ).stdout
+    return float(out.split()[-1])
+
+
+async def peak_run(megabytes: int, name: str, saves: int, seconds: float) -> None:
+    big = Big(megabytes)
+    big.step()
+    root = tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR"))
+    until = time.perf_counter() + saves * seconds
+    while time.perf_counter() < until:  # before any saver exists (a session saves at start)
+        big.step()
+    before = rss_mb("VmHWM")
+    async with savers(big, root, [name]) as (saver,):
+        for _ in range(saves):
+            await window(saver, seconds, save=True)
+        print(f"peak {rss_mb('VmHWM') - before:.1f}")
+    shutil.rmtree(root, ignore_errors=True)
+
+
+async def run_size(megabytes: int, saves: int, seconds: float) -> None:
+    big = Big(megabytes)
+    big.step()  # trace outside the measurement
+    root = tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR"))
+    floors: list[float] = []
+    rows: dict[str, dict[str, list[float]]] = {
+        n: {"write": [], "held": [], "lost": []} for n in SAVERS
+    }
+    async with savers(big, root, SAVERS) as made:
+        for _ in range(saves):
+            floors.append(floor_write(big, root))
+            for saver in made:
+                _, base = await window(saver, seconds, save=False)
+                held, times = await window(saver, seconds, save=True)
+                row = rows[saver.name]
+                row["write"].append(saver.written() or float("nan"))
+                row["held"].append(held)
+                row["lost"].append(lost_time(held, times, base))
+    shutil.rmtree(root, ignore_errors=True)
+    del big
+    floor = statistics.median(floors)
+    sync_write = statistics.median(rows["asv sync"]["write"])
+    print(f"| {megabytes} MB | plain write + fsync | {floor:.3f} | 1.00{X} | | | | |")
+    for name, row in rows.items():
+        write, lost = statistics.median(row["write"]), statistics.median(row["lost"])
+        peak = await anyio.to_thread.run_sync(peak_rss, megabytes, name, 2, seconds)
+        print(
+            f"| {megabytes} MB | {name} | {write:.3f} | {write / floor:.2f}{X} | "
+            f"{statistics.median(row['held']):.4f} | {lost:.3f} | {lost / sync_write:.0%} | "
+            f"{peak:+.0f} ({peak / megabytes:.0%}) |",
+            flush=True,
+        )
+
+
+async def main(sizes: list[int], saves: int, seconds: float) -> None:
+    print(
+        f"TensorFlow {tf.__version__}, {os.cpu_count()} cores; medians of {saves} saves per "
+        "row; lost/asv sync: the training time lost against the supervisor's synchronous save"
+    )
     header = (
-        "| state | mode | disk MB/s | copy MB/s | save s | held s | held/sync save | "
-        "lost s | lost/sync save | steps/s | steps/s writing | peak RSS +MB | save MB/s / disk |"
+        "| state | saver | write s | write / floor | held s | lost s | lost / asv sync | "
+        "peak RSS +MB (of state) |"
     )
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
     for megabytes in sizes:
-        with tempfile.TemporaryDirectory(dir=os.environ.get("BENCH_DIR")) as scratch:
-            disk = disk_bandwidth(scratch, megabytes)
-        copy = copy_bandwidth(megabytes)
-        sync = await measure(megabytes, False, saves)
-        for mode, r in (("sync", sync), ("async", await measure(megabytes, True, saves))):
-            print(
-                f"| {megabytes} MB | {mode} | {disk:.0f} | {copy:.0f} | {r['save']:.3f} | "
-                f"{r['held']:.4f} | {r['held'] / sync['save']:.1%} | {r['lost']:.3f} | "
-                f"{r['lost'] / sync['save']:.0%} | {r['rate']:.1f} | {r['rate_during']:.1f} | "
-                f"{r['peak']:.0f} | {megabytes / r['save'] / disk:.0%} |",
-                flush=True,
-            )
+        await run_size(megabytes, saves, seconds)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes-mb", type=int, nargs="+", default=[10, 100, 1024])
     parser.add_argument("--saves", type=int, default=5)
+    parser.add_argument(
+        "--window", type=float, default=2.0, help="seconds of steps after each save (at least)"
+    )
+    parser.add_argument("--peak-of", choices=SAVERS, help=argparse.SUPPRESS)
     args = parser.parse_args()
-    anyio.run(main, args.sizes_mb, args.saves)
+    if args.peak_of:
+        anyio.run(peak_run, args.sizes_mb[0], args.peak_of, args.saves, args.window)
+    else:
+        anyio.run(main, args.sizes_mb, args.saves, args.window)

@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -73,6 +74,40 @@ def plain_worker(steps: int) -> None:
     )
 
 
+def preemption_worker(logdir: str) -> None:
+    """One worker of the alternative a TF user picks: a plain MWMS loop under TF's own
+    ``PreemptionCheckpointHandler``, told of SIGTERM the way TF documents for platforms
+    it does not know (a ``termination_watcher_fn``, which TF polls every second)."""
+    os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import threading
+
+    import tensorflow as tf
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    training = Training(tf, strategy, 32)
+    signalled = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: signalled.set())
+    checkpoint = tf.train.Checkpoint(model=training.model, optimizer=training.optimizer)
+    steps = 0
+
+    def exit_fn() -> None:
+        # TF calls this once the checkpoint is written: the line marks that moment.
+        print(f"stopped at step {steps} (preempted); {steps} steps in 0 s = 0 steps/s", flush=True)
+        sys.exit(0)
+
+    config = tf.distribute.experimental.TerminationConfig(
+        termination_watcher_fn=signalled.is_set, exit_fn=exit_fn, grace_period=0
+    )
+    handler = tf.distribute.experimental.PreemptionCheckpointHandler(
+        strategy.cluster_resolver, checkpoint, logdir, termination_config=config
+    )
+    batches = iter(training.data(0))
+    print("[plain] starting at step 0", flush=True)
+    while True:
+        handler.run(training.train_step, *next(batches))
+        steps += 1
+
+
 def speed(workers: int, steps: int, plain: bool) -> float:
     with tempfile.TemporaryDirectory() as tmp:
         if plain:
@@ -90,41 +125,105 @@ def speed(workers: int, steps: int, plain: bool) -> float:
     return min(rates)  # the job goes as fast as its slowest worker
 
 
-def sigterm_to_exit(run_secs: float) -> tuple[float, str]:
+def sigterm_to_exit(run_secs: float, command: list[str]) -> tuple[float, float, str]:
+    """SIGTERM to the non-chief once both workers train: seconds until the last worker
+    wrote its final checkpoint (the line saying so reached us), and until both exited."""
     with tempfile.TemporaryDirectory() as tmp:
-        command = [str(EXAMPLE), "--logdir", tmp, "--steps", "100000000", "--save-secs", "1"]
-        procs = start(2, *command)
+        procs = start(2, *command, "--logdir", tmp)
+        outputs: list[list[tuple[float, str]]] = [[] for _ in procs]
+
+        def read(proc: subprocess.Popen[str], lines: list[tuple[float, str]]) -> None:
+            assert proc.stdout is not None
+            lines.extend((time.monotonic(), line) for line in proc.stdout)
+
+        readers = [
+            threading.Thread(target=read, args=(p, o), daemon=True)
+            for p, o in zip(procs, outputs, strict=True)
+        ]
+        for reader in readers:
+            reader.start()
+        deadline = time.monotonic() + 300
+        while sum(any("starting at step" in line for _, line in o) for o in outputs) < 2:
+            if time.monotonic() > deadline or any(p.poll() is not None for p in procs):
+                raise SystemExit("the workers did not start:\n" + text(outputs[0]))
+            time.sleep(0.1)
         time.sleep(run_secs)
         procs[1].send_signal(signal.SIGTERM)
         sent = time.monotonic()
-        outputs = [p.communicate(timeout=120)[0] for p in procs]
+        for p in procs:
+            p.wait(timeout=120)
         seconds = time.monotonic() - sent
-    stops = [RATE.search(out) for out in outputs]
+        for reader in readers:
+            reader.join()
+    stops = [RATE.search(text(o)) for o in outputs]
     if not all(stops):
-        raise SystemExit("a worker did not stop cleanly:\n" + outputs[0][-2000:])
+        raise SystemExit("a worker did not stop cleanly:\n" + text(outputs[0]))
+    saved = max(
+        max(
+            at
+            for at, line in o
+            if at > sent and ("checkpoint.saved" in line or "preempted" in line)
+        )
+        for o in outputs
+    )
     described = ", ".join(f"worker {i}: step {m[1]} ({m[2]})" for i, m in enumerate(stops) if m)
-    return seconds, described
+    return saved - sent, seconds, described
+
+
+def text(lines: list[tuple[float, str]]) -> str:
+    return "".join(line for _, line in lines)[-2000:]
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=3000, help="(default: %(default)s)")
     parser.add_argument("--trials", type=int, default=3, help="(default: %(default)s)")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("speed", "stop"),
+        default=["speed", "stop"],
+        help="what to measure (default: both)",
+    )
     parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--preemption-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--logdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.preemption_worker:
+        preemption_worker(args.logdir)
+        return
     if args.plain_worker:
         plain_worker(args.steps)
         return
+    if "speed" in args.parts:
+        speeds(args.steps, args.trials)
+    if "stop" in args.parts:
+        stops(args.trials)
+
+
+def speeds(steps: int, trials: int) -> None:
     print("| workers | plain MWMS loop | supervised (sess.train) | step time, supervised/plain |")
     print("|---|---|---|---|")
     for workers in (1, 2):
-        plain = statistics.median(speed(workers, args.steps, True) for _ in range(args.trials))
-        ours = statistics.median(speed(workers, args.steps, False) for _ in range(args.trials))
+        plain = statistics.median(speed(workers, steps, True) for _ in range(trials))
+        ours = statistics.median(speed(workers, steps, False) for _ in range(trials))
         print(f"| {workers} | {plain:.1f} steps/s | {ours:.1f} steps/s | {plain / ours:.2f}x |")
-    print(f"(median of {args.trials} runs of {args.steps} steps, global batch 32)")
-    for _ in range(args.trials):
-        seconds, stops = sigterm_to_exit(run_secs=12)
-        print(f"SIGTERM to the non-chief -> both processes exited in {seconds:.2f} s; {stops}")
+    print(f"(median of {trials} runs of {steps} steps, global batch 32)")
+
+
+def stops(trials: int) -> None:
+    ours = [str(EXAMPLE), "--steps", "100000000", "--save-secs", "1"]
+    theirs = [__file__, "--preemption-worker"]
+    print(
+        "\n| SIGTERM to the non-chief | final checkpoints written (s) | both processes "
+        "exited (s) | where they stopped (last trial) |"
+    )
+    print("|---|---|---|---|")
+    for name, command in (("asupervisor", ours), ("PreemptionCheckpointHandler", theirs)):
+        runs = [sigterm_to_exit(3.0, command) for _ in range(trials)]
+        saved = ", ".join(f"{s:.2f}" for s, _, _ in runs)
+        exited = ", ".join(f"{e:.2f}" for _, e, _ in runs)
+        print(f"| {name} | {saved} | {exited} | {runs[-1][2]} |", flush=True)
 
 
 if __name__ == "__main__":

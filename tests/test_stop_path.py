@@ -297,3 +297,48 @@ def test_a_symlink_in_the_locks_place_is_refused_not_followed(tmp_path: Path) ->
     with pytest.raises(OSError, match="symlink"):
         LogdirLock(str(tmp_path)).acquire()
     assert victim.read_text() == "precious"
+
+
+class SlowToDestroy:
+    """Data whose iterator's destructor blocks until ``released`` is set, as a tf.data
+    iterator's does while it waits for its background threads (seen: 2-5 s)."""
+
+    def __init__(self, released: threading.Event) -> None:
+        self.released = released
+        self.destroyed_on: list[str] = []
+
+    def __iter__(self) -> Any:
+        return _SlowIterator(self)
+
+
+class _SlowIterator:
+    def __init__(self, data: SlowToDestroy) -> None:
+        self.data = data
+
+    def __next__(self) -> tuple[()]:
+        return ()
+
+    def __del__(self) -> None:
+        self.data.destroyed_on.append(threading.current_thread().name)
+        self.data.released.wait()
+
+
+@pytest.mark.parametrize("epochs", [None, 2])
+async def test_the_final_save_does_not_wait_for_the_datas_iterator_to_be_destroyed(
+    logdir: str, pair: Pair, epochs: int | None
+) -> None:
+    released = threading.Event()
+    valve = threading.Timer(30, released.set)  # old code: the session waits for this
+    valve.start()
+    data = SlowToDestroy(released)
+    sv = make(logdir, pair, hooks=[StopAtStepHook(last_step=5)], stop_grace_secs=120)
+    try:
+        async with sv.session() as sess:
+            await sess.train(pair.step, data, epochs=epochs)
+        destroyed_early = released.is_set()
+    finally:
+        released.set()
+        valve.cancel()
+    assert not destroyed_early, "the session waited for the iterator's destructor"
+    assert saved_step(tf.train.latest_checkpoint(logdir)) == 5
+    assert data.destroyed_on and "asupervisor-training" not in data.destroyed_on
