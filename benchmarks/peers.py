@@ -6,12 +6,15 @@
 Every system trains the same model on the same in-memory batches, each in its own
 process (a fresh TensorFlow, no shared caches), in interleaved rounds (the order
 rotates each round); the table gives the median steps per second over rounds and
-two ratios of time per step: against the bare TF2 loop, and against the system's
-own bare loop (Keras' bare `fit` for the Keras rows, a plain graph-mode session
-loop for MonitoredTrainingSession). "Services on" means what a real run has: a
-checkpoint every 2 s, summaries every 1 s and a step-rate counter; for Keras'
-callbacks, whose schedules count batches, the same periods turned into batches from
-the run's own warm-up rate.
+ratios of time per step: against the bare TF2 loop, and against the system's own
+bare loop (Keras' bare `fit` for the Keras rows, a plain graph-mode session loop
+for MonitoredTrainingSession), from the medians over rounds. The last column is the
+steady one on a machine whose speed drifts: each process also runs the system's own
+bare loop (a model of its own) for half the steps just before and just after the
+system, the ratio is taken inside the process, and the median over rounds is given.
+"Services on" means what a real run has: a checkpoint every 2 s, summaries every
+1 s and a step-rate counter; for Keras' callbacks, whose schedules count batches,
+the same periods turned into batches from the run's own warm-up rate.
 """
 
 from __future__ import annotations
@@ -208,6 +211,11 @@ def keras_fit(tf: Any, model: str, steps: int, logdir: str, callbacks: str) -> f
 
 def tf1(tf: Any, model: str, steps: int, logdir: str, monitored: bool) -> float:
     tf.compat.v1.disable_eager_execution()
+    with tf.Graph().as_default():  # a graph of its own: a process may build it twice
+        return tf1_graph(tf, model, steps, logdir, monitored)
+
+
+def tf1_graph(tf: Any, model: str, steps: int, logdir: str, monitored: bool) -> float:
     v1 = tf.compat.v1
     inputs, hidden, outputs, _, _ = MODELS[model]
     x, y = v1.data.make_one_shot_iterator(data(tf, model)).get_next()
@@ -235,29 +243,33 @@ def tf1(tf: Any, model: str, steps: int, logdir: str, monitored: bool) -> float:
 
 
 def child(system: str, model: str) -> None:
+    """One system in this process, between two runs of its own bare loop (half the steps
+    each, just before and just after): a reference the machine's drift falls on alike."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
     import tensorflow as tf
 
     steps = MODELS[model][4]
     with tempfile.TemporaryDirectory() as logdir:
-        runs: dict[str, Callable[[], float]] = {
-            "bare": lambda: bare(tf, model, steps),
-            "manual": lambda: hand_written(tf, model, steps, logdir, fsync=False),
-            "manual_fsync": lambda: hand_written(tf, model, steps, logdir, fsync=True),
-            "asv_train": lambda: supervised(tf, model, steps, logdir, "train"),
-            "asv_train_iterations": lambda: supervised(
-                tf, model, steps, logdir, "train_iterations"
-            ),
-            "asv_run": lambda: supervised(tf, model, steps, logdir, "run"),
-            "asv_fit": lambda: supervised(tf, model, steps, logdir, "fit"),
-            "keras_fit": lambda: keras_fit(tf, model, steps, logdir, ""),
-            "keras_backup_tb": lambda: keras_fit(tf, model, steps, logdir, "backup"),
-            "keras_ckpt_tb_backup": lambda: keras_fit(tf, model, steps, logdir, "ckpt"),
-            "tf1_bare": lambda: tf1(tf, model, steps, logdir, monitored=False),
-            "mts": lambda: tf1(tf, model, steps, logdir, monitored=True),
+        runs: dict[str, Callable[[int], float]] = {
+            "bare": lambda n: bare(tf, model, n),
+            "manual": lambda n: hand_written(tf, model, n, logdir, fsync=False),
+            "manual_fsync": lambda n: hand_written(tf, model, n, logdir, fsync=True),
+            "asv_train": lambda n: supervised(tf, model, n, logdir, "train"),
+            "asv_train_iterations": lambda n: supervised(tf, model, n, logdir, "train_iterations"),
+            "asv_run": lambda n: supervised(tf, model, n, logdir, "run"),
+            "asv_fit": lambda n: supervised(tf, model, n, logdir, "fit"),
+            "keras_fit": lambda n: keras_fit(tf, model, n, logdir, ""),
+            "keras_backup_tb": lambda n: keras_fit(tf, model, n, logdir, "backup"),
+            "keras_ckpt_tb_backup": lambda n: keras_fit(tf, model, n, logdir, "ckpt"),
+            "tf1_bare": lambda n: tf1(tf, model, n, logdir + "/bare", monitored=False),
+            "mts": lambda n: tf1(tf, model, n, logdir + "/mts", monitored=True),
         }
-        rate = runs[system]()
-    print(json.dumps({"steps_per_sec": rate}))
+        own = SYSTEMS[system][1]
+        paired = own != system
+        before = runs[own](steps // 2) if paired else float("nan")
+        rate = runs[system](steps)
+        after = runs[own](steps // 2) if paired else float("nan")
+    print(json.dumps({"steps_per_sec": rate, "reference": (before + after) / 2}))
 
 
 def bare(tf: Any, model: str, steps: int) -> float:
@@ -275,19 +287,21 @@ def ratio(median: dict[str, float], base: str, system: str) -> str:
     return f"{median[base] / median[system]:.2f}{TIMES}" if base in median else "—"
 
 
-def measure(system: str, model: str) -> float:
+def measure(system: str, model: str) -> tuple[float, float]:
+    """``system``'s steps/s, and its own bare loop's in the same process (NaN for a bare loop)."""
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     done = subprocess.run(
         [sys.executable, __file__, "--child", system, model],
         capture_output=True,
         text=True,
         env=env,
-        timeout=600,
+        timeout=900,
     )
     lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
     if done.returncode != 0 or not lines:
         raise RuntimeError(f"{system} on {model} failed:\n{done.stderr[-3000:]}")
-    return float(json.loads(lines[-1])["steps_per_sec"])
+    result = json.loads(lines[-1])
+    return float(result["steps_per_sec"]), float(result["reference"])
 
 
 def main() -> None:
@@ -305,23 +319,33 @@ def main() -> None:
         inputs, hidden, outputs, batch, steps = MODELS[model]
         shape = "-".join(map(str, [inputs, *hidden, outputs]))
         rates: dict[str, list[float]] = {s: [] for s in systems}
+        paired: dict[str, list[float]] = {s: [] for s in systems}  # own bare / system, per run
         for r in range(args.rounds):
             shift = r % len(systems)
             for system in systems[shift:] + systems[:shift]:
-                rates[system].append(measure(system, model))
+                rate, reference = measure(system, model)
+                rates[system].append(rate)
+                paired[system].append(reference / rate)
         median = {s: statistics.median(v) for s, v in rates.items()}
         print(
             f"\n{model} model {shape}, Adam, batch {batch}, {steps} timed steps, {args.rounds} "
             "rounds (median steps/s; time per step vs the bare loops):\n"
         )
-        print("| system | steps/s (rounds) | vs bare TF2 loop | vs its own bare loop |")
-        print("|---|---|---|---|")
+        print(
+            "| system | steps/s (rounds) | vs bare TF2 loop | vs its own bare loop | "
+            "vs its own bare loop, same process (rounds) |"
+        )
+        print("|---|---|---|---|---|")
         for system in systems:
             label, own = SYSTEMS[system]
             spread = ", ".join(f"{v:.0f}" for v in rates[system])
             vs_bare = ratio(median, "bare", system)
             vs_own = ratio(median, own, system) if own != system else "—"
-            print(f"| {label} | {median[system]:.0f} ({spread}) | {vs_bare} | {vs_own} |")
+            same = "—"
+            if own != system:
+                each = ", ".join(f"{v:.2f}" for v in paired[system])
+                same = f"**{statistics.median(paired[system]):.2f}{TIMES}** ({each})"
+            print(f"| {label} | {median[system]:.0f} ({spread}) | {vs_bare} | {vs_own} | {same} |")
         sys.stdout.flush()
 
 

@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -310,3 +311,48 @@ def test_non_chiefs_starting_while_the_chief_sweeps_every_step_never_fail(logdir
         chief.wait()
     assert all(value == step for step, value in restored)  # each restore whole
     assert len({step for step, _ in restored}) > 10  # the chief really moved on meanwhile
+
+
+def _open_files() -> set[str]:
+    found = set()
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            found.add(os.readlink(f"/proc/self/fd/{fd}"))
+        except OSError:
+            pass
+    return found
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
+def test_write_back_flushes_a_growing_checkpoint_and_opens_nothing_else(tmp_path: Path) -> None:
+    from asupervisor._store import Store
+
+    store = Store(str(tmp_path))
+    temp = tmp_path / "model.ckpt-7_temp"
+    outside = tmp_path / "outside"
+    outside.write_bytes(b"x")
+    with store.writing_back("model.ckpt-7"):
+        temp.mkdir()  # made after the thread began, as TF's saver makes it
+        os.mkfifo(temp / "part-00000-of-00001.index")  # opening it would block the thread
+        (temp / "link").symlink_to(outside)
+        data = temp / "part-00000-of-00001.data-00000-of-00001"
+        with open(data, "wb") as f:
+            f.write(os.urandom(1 << 20))
+            f.flush()
+            deadline = time.monotonic() + 60
+            while str(data) not in _open_files():  # the thread has it open to flush it
+                assert time.monotonic() < deadline, "the growing file was never flushed"
+                time.sleep(0.01)
+        opened = _open_files()
+    assert str(temp / "part-00000-of-00001.index") not in opened
+    assert str(outside) not in opened
+    left = _open_files()
+    assert str(data) not in left, "the write-back thread's files are closed when it ends"
+    assert not [t for t in threading.enumerate() if t.name == "asupervisor-write-back"]
+
+
+def test_write_back_is_a_no_op_on_an_object_store() -> None:
+    from asupervisor._store import Store
+
+    with Store("ram://write-back/run").writing_back("model.ckpt-1"):
+        assert not [t for t in threading.enumerate() if t.name == "asupervisor-write-back"]
