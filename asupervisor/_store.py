@@ -255,9 +255,19 @@ def _write_back(directory: str, stop: threading.Event) -> None:
                 for entry in os.scandir(directory):
                     with contextlib.suppress(OSError):
                         if entry.path not in opened and entry.is_file(follow_symlinks=False):
-                            opened[entry.path] = os.open(entry.path, os.O_RDONLY | os.O_NOFOLLOW)
+                            _open_regular(entry.path, opened)
                         if entry.path in opened:
                             os.fdatasync(opened[entry.path])
     finally:
         for fd in opened.values():
             os.close(fd)
+
+
+def _open_regular(path: str, opened: dict[str, int]) -> None:
+    """Open ``path`` into ``opened`` if it is still a regular file: never blocks on a FIFO
+    swapped in since the listing, never follows a symlink."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+    if stat.S_ISREG(os.fstat(fd).st_mode):
+        opened[path] = fd
+    else:
+        os.close(fd)
