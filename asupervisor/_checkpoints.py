@@ -291,6 +291,10 @@ class Checkpointer:
             ) from exc
         self.restore_status = status
 
+    def _prefix_at(self, step: int) -> str:
+        """The path prefix the manager gives the checkpoint at ``step``."""
+        return f"{self.manager._prefix}-{step}"
+
     def _sync_new(self, prefix: str) -> None:
         self.store.sync(self.store.files_of(os.path.basename(prefix)))
 
@@ -322,8 +326,8 @@ class Checkpointer:
         # state file naming files that never reached the disk.
         callbacks = [self._sync_new] if self.durable else []
         options = tf.train.CheckpointOptions(experimental_write_callbacks=callbacks)
-        name = os.path.basename(f"{self.manager._prefix}-{step}")
         try:
+            name = os.path.basename(self._prefix_at(step))
             with self.guard.writing(), self.store.writing_back(name):
                 path: str = self.manager.save(checkpoint_number=step, options=options)
                 if self.durable:
@@ -391,7 +395,7 @@ class Checkpointer:
         snapshot = _async_save.take_snapshot(self.checkpoint)
         held = time.perf_counter() - started
         self.last_saved_step = step
-        prefix = f"{self.manager._prefix}-{step}"
+        prefix = self._prefix_at(step)
         self._writer = threading.Thread(
             target=self._write,
             args=(snapshot, prefix, step, started, held),

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import collections
 import time
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
 from ._hooks import Hook, RunContext
@@ -322,23 +322,15 @@ class Stepper:
         checked and the jobs queued meanwhile (saves, holds, calls) are run. With
         ``epochs``, from the saved position (epoch, batch) to the end of the last epoch."""
         if epochs is None:
-            iterator = iter(data)
-            try:
-                return self._steps_over(step_fn, iterator, max_steps)[0]
-            finally:
-                release(iterator)  # its destructor may block: not before the final save
+            return self._steps_over(step_fn, data, max_steps)[0]
         position, done = self.runtime.position, 0
         position.counting = True
         try:
             while position.epoch < epochs:
                 source = skipped(epoch_data(data, position.epoch), position.batch)
                 left = None if max_steps is None else max_steps - done
-                iterator = iter(source)
-                try:
-                    ran, exhausted = self._steps_over(step_fn, iterator, left)
-                finally:
-                    release(iterator)
-                del iterator, source
+                ran, exhausted = self._steps_over(step_fn, source, left)
+                del source  # may be the iterator itself: _steps_over hands it on
                 done += ran
                 if not exhausted:
                     break  # a stop, or max_steps
@@ -348,9 +340,21 @@ class Stepper:
         return done
 
     def _steps_over(
+        self, step_fn: Callable[..., Any], source: Iterable[Any], max_steps: int | None
+    ) -> tuple[int, bool]:
+        """Steps over an iterator of ``source``: how many ran, and whether the data ran out.
+        The iterator is handed to the releaser after, since its destructor may block
+        (a ``tf.data`` iterator's waits for its threads): not before the final save."""
+        iterator = iter(source)
+        try:
+            return self._steps(step_fn, iterator, max_steps)
+        finally:
+            release(iterator)
+            del iterator, source  # none left here, even in a traceback that keeps the frame
+
+    def _steps(
         self, step_fn: Callable[..., Any], iterator: Iterator[Any], max_steps: int | None
     ) -> tuple[int, bool]:
-        """Steps over ``iterator``: how many ran, and whether the data ran out."""
         runtime, run_step = self.runtime, self.run_step
         worker, flag = runtime.thread, runtime.flag
         done = 0

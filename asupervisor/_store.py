@@ -142,10 +142,8 @@ class Store:
         if self.kind(name) != "file":
             raise OSError(errno.EINVAL, f"{self.path(name)} is not a regular file")
         if self.local:
-            fd = os.open(self.path(name), os.O_RDONLY | os.O_NONBLOCK)
+            fd = _open_regular(self.path(name))  # it may have been swapped since kind()
             try:
-                if not stat.S_ISREG(os.fstat(fd).st_mode):  # swapped since kind()
-                    raise OSError(errno.EINVAL, f"{self.path(name)} is not a regular file")
                 data = os.read(fd, limit + 1)
             finally:
                 os.close(fd)
@@ -255,7 +253,7 @@ def _write_back(directory: str, stop: threading.Event) -> None:
                 for entry in os.scandir(directory):
                     with contextlib.suppress(OSError):
                         if entry.path not in opened and entry.is_file(follow_symlinks=False):
-                            _open_regular(entry.path, opened)
+                            opened[entry.path] = _open_regular(entry.path, os.O_NOFOLLOW)
                         if entry.path in opened:
                             os.fdatasync(opened[entry.path])
     finally:
@@ -263,11 +261,12 @@ def _write_back(directory: str, stop: threading.Event) -> None:
             os.close(fd)
 
 
-def _open_regular(path: str, opened: dict[str, int]) -> None:
-    """Open ``path`` into ``opened`` if it is still a regular file: never blocks on a FIFO
-    swapped in since the listing, never follows a symlink."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
-    if stat.S_ISREG(os.fstat(fd).st_mode):
-        opened[path] = fd
-    else:
+def _open_regular(path: str, flags: int = 0) -> int:
+    """A read-only descriptor of ``path`` if it is a regular file, else ``OSError``: the
+    open never blocks (a FIFO swapped in since a listing), and the type is checked on
+    what was opened, not on a name that can change."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | flags)
+    if not stat.S_ISREG(os.fstat(fd).st_mode):
         os.close(fd)
+        raise OSError(errno.EINVAL, f"{path} is not a regular file")
+    return fd
