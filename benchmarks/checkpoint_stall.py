@@ -100,9 +100,10 @@ def floor_write(big: Big, directory: str) -> float:
 
 
 class Saver:
-    """One way of checkpointing ``big``: ``save()`` returns when training may go on,
+    """One way of checkpointing ``big``: ``save()`` returns when training may go on;
     ``written()`` is the seconds from the save's start until its files were complete
-    (``None`` while it is still being written)."""
+    (``None`` while it is still being written), ``held()`` how long the save held the
+    training thread (asked once the files are complete)."""
 
     name = ""
 
@@ -112,11 +113,13 @@ class Saver:
     async def step(self) -> None:
         self.big.step()
 
-    async def save(self) -> float:
-        """The save; returns how long it held the training thread."""
+    async def save(self) -> None:
         raise NotImplementedError
 
     def written(self) -> float | None:
+        raise NotImplementedError
+
+    def held(self) -> float:
         raise NotImplementedError
 
 
@@ -129,16 +132,19 @@ class TFSaver(Saver):
         self.options = tf.train.CheckpointOptions(enable_async=async_write)
         self.async_write = async_write
         self.started = 0.0
+        self.hold = 0.0
         self.done: float | None = None
 
-    async def save(self) -> float:
+    async def save(self) -> None:
         self.started = time.perf_counter()
         self.done = None
         self.manager.save(options=self.options)
-        held = time.perf_counter() - self.started
+        self.hold = time.perf_counter() - self.started
         if not self.async_write:
-            self.done = held
-        return held
+            self.done = self.hold
+
+    def held(self) -> float:
+        return self.hold
 
     def written(self) -> float | None:
         if self.done is None:
@@ -177,14 +183,13 @@ class AsvSaver(Saver):
         assert self.sess is not None
         await self.sess.run(self.big.step)
 
-    async def save(self) -> float:
+    async def save(self) -> None:
         assert self.sess is not None
         self.seen = len(self.events)
-        started = time.perf_counter()
         await self.sess.save_checkpoint()
-        return time.perf_counter() - started  # replaced by the event's figure (held())
 
     def held(self) -> float:
+        """The training thread's own figure, without the round trip to it."""
         return float(self._saved()[0]["blocked_seconds"])
 
     def written(self) -> float | None:
@@ -195,7 +200,8 @@ class AsvSaver(Saver):
 async def window(saver: Saver, seconds: float, save: bool) -> tuple[float, list[float]]:
     """Steps for ``seconds`` (and on, until a save made at its start is on disk):
     the save's hold and each step's time."""
-    held = await saver.save() if save else 0.0
+    if save:
+        await saver.save()
     times: list[float] = []
     until = time.perf_counter() + seconds
     while True:
@@ -207,9 +213,7 @@ async def window(saver: Saver, seconds: float, save: bool) -> tuple[float, list[
         started = time.perf_counter()
         await saver.step()
         times.append(time.perf_counter() - started)
-    if save and isinstance(saver, AsvSaver):
-        held = saver.held()  # the training thread's own figure, without the round trip
-    return held, times
+    return (saver.held() if save else 0.0), times
 
 
 def lost_time(held: float, times: list[float], base: list[float]) -> float:

@@ -79,8 +79,6 @@ def preemption_worker(logdir: str) -> None:
     ``PreemptionCheckpointHandler``, told of SIGTERM the way TF documents for platforms
     it does not know (a ``termination_watcher_fn``, which TF polls every second)."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
-    import threading
-
     import tensorflow as tf
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
