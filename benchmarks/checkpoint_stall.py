@@ -24,7 +24,11 @@ without a save measures the steps' own time. Reported, as medians over the saves
   the steps in the window against the same steps with no save;
 - peak +MB: what the saves add to the run's peak RSS (``VmHWM``), measured for each
   saver in a process of its own (an allocator reuses memory other savers freed):
-  the peak after steps with saves minus the peak after as many without.
+  the peak after steps with saves minus the peak after as many without; once with
+  TensorFlow's default CPU allocator, which on x86 is oneDNN's pool and keeps all it
+  ever held, and once with allocators that give freed memory back
+  (``TF_ENABLE_ONEDNN_OPTS=0 MALLOC_MMAP_THRESHOLD_=1048576``), which shows what the
+  saver itself holds at its peak.
 """
 
 from __future__ import annotations
@@ -241,7 +245,14 @@ async def savers(big: Big, root: str, names: Sequence[str]) -> AsyncIterator[lis
             yield made
 
 
-def peak_rss(megabytes: int, name: str, saves: int, seconds: float) -> float:
+# Allocators that give freed memory back: plain malloc instead of oneDNN's pool, and
+# mmap for every large buffer (glibc otherwise raises that threshold as buffers are freed).
+RETURNING = {"TF_ENABLE_ONEDNN_OPTS": "0", "MALLOC_MMAP_THRESHOLD_": str(1024 * 1024)}
+
+
+def peak_rss(
+    megabytes: int, name: str, saves: int, seconds: float, env: dict[str, str] | None = None
+) -> float:
     """MB that ``name``'s saves add to the peak RSS of a run, measured in a process of its
     own (an allocator reuses what other savers freed): the process's high-water mark
     after steps with saves, minus the mark after as many steps before any saver."""
@@ -261,6 +272,7 @@ def peak_rss(megabytes: int, name: str, saves: int, seconds: float) -> float:
         check=True,
         capture_output=True,
         text=True,
+        env={**os.environ, **(env or {})},
     ).stdout
     return float(out.split()[-1])
 
@@ -303,14 +315,15 @@ async def run_size(megabytes: int, saves: int, seconds: float) -> None:
     del big
     floor = statistics.median(floors)
     sync_write = statistics.median(rows["asv sync"]["write"])
-    print(f"| {megabytes} MB | plain write + fsync | {floor:.3f} | 1.00{X} | | | | |")
+    print(f"| {megabytes} MB | plain write + fsync | {floor:.3f} | 1.00{X} | | | | | |")
     for name, row in rows.items():
         write, lost = statistics.median(row["write"]), statistics.median(row["lost"])
-        peak = await anyio.to_thread.run_sync(peak_rss, megabytes, name, 2, seconds)
+        peak = await anyio.to_thread.run_sync(peak_rss, megabytes, name, 3, seconds)
+        freed = await anyio.to_thread.run_sync(peak_rss, megabytes, name, 3, seconds, RETURNING)
         print(
             f"| {megabytes} MB | {name} | {write:.3f} | {write / floor:.2f}{X} | "
             f"{statistics.median(row['held']):.4f} | {lost:.3f} | {lost / sync_write:.0%} | "
-            f"{peak:+.0f} ({peak / megabytes:.0%}) |",
+            f"{peak:+.0f} ({peak / megabytes:.0%}) | {freed:+.0f} ({freed / megabytes:.0%}) |",
             flush=True,
         )
 
@@ -322,7 +335,7 @@ async def main(sizes: list[int], saves: int, seconds: float) -> None:
     )
     header = (
         "| state | saver | write s | write / floor | held s | lost s | lost / asv sync | "
-        "peak RSS +MB (of state) |"
+        "peak RSS +MB (of state) | the same, freed memory returned |"
     )
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")

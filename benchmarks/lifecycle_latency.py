@@ -9,7 +9,9 @@ the same checkpoint. TensorFlow is imported before timing starts.
 
 Stop: a trainer subprocess gets SIGTERM mid-training; the time to its exit is
 split, from the library's own events, into finishing the step in flight, the
-final checkpoint, and the rest (services, closing files, interpreter exit).
+final checkpoint, and the rest (services, closing files, interpreter exit); once
+as the trainer ends by default, once with ``gc.freeze()`` after the session (as the
+examples do: the interpreter's final garbage collection is most of its exit).
 """
 
 from __future__ import annotations
@@ -87,17 +89,20 @@ STOP_TRAINER = textwrap.dedent(
                 await sess.run(step)
 
     anyio.run(main)
+    if sys.argv[3] == "freeze":
+        import gc
+        gc.freeze()
     """
 )
 
 
-def stop_latency(megabytes: int) -> dict[str, float]:
+def stop_latency(megabytes: int, ending: str) -> dict[str, float]:
     with tempfile.TemporaryDirectory() as scratch:
         script = os.path.join(scratch, "trainer.py")
         with open(script, "w") as f:
             f.write(STOP_TRAINER)
         proc = subprocess.Popen(
-            [sys.executable, script, os.path.join(scratch, "run"), str(megabytes)],
+            [sys.executable, script, os.path.join(scratch, "run"), str(megabytes), ending],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -145,10 +150,13 @@ async def main(megabytes: int, trials: int) -> None:
     print(f"| bare `Checkpoint.restore` of the same checkpoint | {bare_s:.3f} s |")
     overhead = statistics.median(restored) - bare_s
     print(f"| overhead beyond the bare restore | {overhead:.3f} s |")
-    stops = [stop_latency(megabytes) for _ in range(trials)]
+    stops: dict[str, list[dict[str, float]]] = {"default": [], "freeze": []}
+    for _ in range(trials):
+        for ending, runs in stops.items():
+            runs.append(stop_latency(megabytes, ending))
     print()
-    print("| stop: SIGTERM to process exit | seconds |")
-    print("|---|---|")
+    print("| stop: SIGTERM to process exit | seconds | with `gc.freeze()` before exit |")
+    print("|---|---|---|")
     for part, label in (
         ("total", "total"),
         ("step", "finish the step in flight"),
@@ -156,7 +164,8 @@ async def main(megabytes: int, trials: int) -> None:
         ("session", "services, events file, training thread"),
         ("exit", "interpreter and TensorFlow shutdown"),
     ):
-        print(f"| {label} | {statistics.median(s[part] for s in stops):.3f} |")
+        default, frozen = (statistics.median(s[part] for s in stops[e]) for e in stops)
+        print(f"| {label} | {default:.3f} | {frozen:.3f} |")
 
 
 if __name__ == "__main__":

@@ -5,10 +5,13 @@
 
 Runs examples/multiworker.py as real worker processes (TF_CONFIG on loopback ports):
 
-- speed: the same training (global batch 32) with one worker, then two; each worker
-  prints its steps/s over the whole run (first step's tracing and final save included),
-  beside the same step run by a plain loop in the same kind of worker processes
-  (MWMS, no supervisor; this script is that worker with --plain-worker);
+- speed: the same training (global batch 32) with one worker, then two. Each worker
+  process runs a plain MWMS loop (no supervisor) for half the steps, then the same step
+  under a supervisor with the services a real run has on (a checkpoint every 2 s,
+  summaries every 1 s, the step-rate counter) for all the steps, then the plain loop
+  again for half; each part is timed after a warm-up of its own (tracing), so the ratio
+  is taken inside one process and start-up does not enter it (this script is that
+  worker with --paired-worker);
 - stop: a two-worker job gets SIGTERM on the non-chief mid-training; the time from the
   signal until both processes have exited, and the step both stopped at.
 
@@ -55,23 +58,52 @@ def start(workers: int, *command: str) -> list[subprocess.Popen[str]]:
     return procs
 
 
-def plain_worker(steps: int) -> None:
-    """One worker of a plain MWMS loop over the example's own step; no supervisor."""
+WARMUP = 100  # steps before a part's clock starts: its tracing, the first collectives
+PAIRED = re.compile(r"paired: plain ([\d.]+) steps/s, supervised ([\d.]+), plain ([\d.]+)")
+
+
+def paired_worker(steps: int, logdir: str) -> None:
+    """One worker: the plain MWMS loop, the same step supervised, the plain loop again."""
     os.environ["TF_CPP_MIN_LOG_LEVEL"] = "2"
+    import anyio
     import tensorflow as tf
+
+    import asupervisor as asv
 
     strategy = tf.distribute.MultiWorkerMirroredStrategy()
     training = Training(tf, strategy, 32)
     batches = iter(training.data(0))
-    began = time.monotonic()
-    for _ in range(steps):
-        training.train_step(*next(batches))
-    seconds = time.monotonic() - began
-    print(
-        f"stopped at step {steps} (plain); {steps} steps in {seconds:.1f} s = "
-        f"{steps / seconds:.1f} steps/s",
-        flush=True,
-    )
+
+    def plain(count: int) -> float:
+        for _ in range(WARMUP):
+            training.train_step(*next(batches))
+        began = time.monotonic()
+        for _ in range(count):
+            training.train_step(*next(batches))
+        return count / (time.monotonic() - began)
+
+    async def supervised() -> float:
+        sv = asv.Supervisor(
+            logdir,
+            checkpoint={"model": training.model, "optimizer": training.optimizer},
+            strategy=strategy,
+            is_chief=None,
+            save_model_secs=2.0,
+            save_summaries_secs=1.0,
+            summary_fn=training.summaries,
+        )
+        async with sv.session() as sess:
+            await sess.train(training.train_step, batches, max_steps=WARMUP)
+            began = time.monotonic()
+            await sess.train(training.train_step, batches, max_steps=steps)
+            rate = steps / (time.monotonic() - began)
+            sess.request_stop()
+        return rate
+
+    before = plain(steps // 2)
+    ours = anyio.run(supervised)
+    after = plain(steps // 2)
+    print(f"paired: plain {before:.1f} steps/s, supervised {ours:.1f}, plain {after:.1f}")
 
 
 def preemption_worker(logdir: str) -> None:
@@ -106,21 +138,21 @@ def preemption_worker(logdir: str) -> None:
         steps += 1
 
 
-def speed(workers: int, steps: int, plain: bool) -> float:
+def speed(workers: int, steps: int) -> tuple[float, float]:
+    """One job: the plain loop's steps/s (mean of before and after) and the supervised
+    one's, each the slowest worker's (the job goes as fast as its slowest worker)."""
     with tempfile.TemporaryDirectory() as tmp:
-        if plain:
-            command = [__file__, "--plain-worker", "--steps", str(steps)]
-        else:
-            command = [str(EXAMPLE), "--logdir", tmp, "--steps", str(steps), "--save-secs", "10"]
+        command = [__file__, "--paired-worker", "--steps", str(steps), "--logdir", tmp]
         procs = start(workers, *command)
         outputs = [p.communicate(timeout=600)[0] for p in procs]
-    rates = []
+    plains, ours = [], []
     for out in outputs:
-        found = RATE.search(out)
+        found = PAIRED.search(out)
         if found is None:
             raise SystemExit(f"a worker did not finish:\n{out[-2000:]}")
-        rates.append(float(found[5]))
-    return min(rates)  # the job goes as fast as its slowest worker
+        plains.append((float(found[1]) + float(found[3])) / 2)
+        ours.append(float(found[2]))
+    return min(plains), min(ours)
 
 
 def sigterm_to_exit(run_secs: float, command: list[str]) -> tuple[float, float, str]:
@@ -183,15 +215,15 @@ def main() -> None:
         default=["speed", "stop"],
         help="what to measure (default: both)",
     )
-    parser.add_argument("--plain-worker", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--paired-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--preemption-worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--logdir", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.preemption_worker:
         preemption_worker(args.logdir)
         return
-    if args.plain_worker:
-        plain_worker(args.steps)
+    if args.paired_worker:
+        paired_worker(args.steps, args.logdir)
         return
     if "speed" in args.parts:
         speeds(args.steps, args.trials)
@@ -200,13 +232,27 @@ def main() -> None:
 
 
 def speeds(steps: int, trials: int) -> None:
-    print("| workers | plain MWMS loop | supervised (sess.train) | step time, supervised/plain |")
+    print(
+        "| workers | plain MWMS loop | supervised (sess.train, services on) "
+        "| step time, supervised/plain (each run) |"
+    )
     print("|---|---|---|---|")
     for workers in (1, 2):
-        plain = statistics.median(speed(workers, steps, True) for _ in range(trials))
-        ours = statistics.median(speed(workers, steps, False) for _ in range(trials))
-        print(f"| {workers} | {plain:.1f} steps/s | {ours:.1f} steps/s | {plain / ours:.2f}x |")
-    print(f"(median of {trials} runs of {steps} steps, global batch 32)")
+        runs = [speed(workers, steps) for _ in range(trials)]
+        ratios = [plain / ours for plain, ours in runs]
+        each = ", ".join(f"{r:.2f}" for r in ratios)
+        plain = statistics.median(p for p, _ in runs)
+        ours = statistics.median(o for _, o in runs)
+        print(
+            f"| {workers} | {plain:.1f} steps/s | {ours:.1f} steps/s "
+            f"| **{statistics.median(ratios):.2f}x** ({each}) |",
+            flush=True,
+        )
+    print(
+        f"(median of {trials} jobs; in each worker process {steps} supervised steps "
+        f"between two plain halves, each part after a {WARMUP}-step warm-up; "
+        "global batch 32)"
+    )
 
 
 def stops(trials: int) -> None:

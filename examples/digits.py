@@ -12,6 +12,7 @@ pipeline's position, so a resumed run continues the same data stream.
 from __future__ import annotations
 
 import argparse
+import gc
 import os
 import sys
 import time
@@ -225,3 +226,6 @@ if __name__ == "__main__":
 
     configure_logging()
     anyio.run(main, arguments)
+    # Everything is saved and closed: skip the interpreter's final garbage collection
+    # over TensorFlow's ~300k objects (0.9 s of a 1 s exit here; gc.freeze: 0.1 s).
+    gc.freeze()

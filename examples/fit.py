@@ -11,6 +11,7 @@ Keras' own callbacks work as with ``fit``; its logs (loss, accuracy) go to Tenso
 from __future__ import annotations
 
 import argparse
+import gc
 import logging
 import os
 import sys
@@ -123,3 +124,6 @@ if __name__ == "__main__":
     logging.basicConfig(level=logging.WARNING, format="%(message)s", stream=sys.stdout)
     logging.getLogger("asupervisor").setLevel(logging.INFO)
     anyio.run(main, arguments)
+    # Everything is saved and closed: skip the interpreter's final garbage collection
+    # over TensorFlow's ~300k objects (0.9 s of a 1 s exit here; gc.freeze: 0.1 s).
+    gc.freeze()

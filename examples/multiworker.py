@@ -20,6 +20,7 @@ the job again resumes from the last checkpoint.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import os
 import signal
@@ -322,7 +323,7 @@ def main() -> int:
     import anyio
 
     try:
-        return anyio.run(train, args, tf)
+        code = anyio.run(train, args, tf)
     except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
         # Another worker is gone: this one stopped without a final save (that would
         # need every worker). Start the whole job again and it resumes.
@@ -332,6 +333,10 @@ def main() -> int:
             flush=True,
         )
         return 1
+    # Everything is saved and closed: skip the interpreter's final garbage collection
+    # over TensorFlow's ~300k objects (0.9 s of a 1 s exit here; gc.freeze: 0.1 s).
+    gc.freeze()
+    return code
 
 
 if __name__ == "__main__":
