@@ -7,7 +7,7 @@ private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
 
 from __future__ import annotations
 
-from ._checkpoints import RestoreReport
+from ._checkpoints import RestoreReport, RestoreSource
 from ._coordinator import Coordinator
 from ._errors import (
     CheckpointMismatchError,
@@ -15,6 +15,7 @@ from ._errors import (
     GracePeriodExpired,
     LogdirLockedError,
     NanLossError,
+    SessionClosed,
     SessionStopped,
     StepTimeout,
     SupervisorError,
@@ -23,6 +24,7 @@ from ._errors import (
 from ._hooks import Hook, RunContext
 from ._log import EventLogger
 from ._log import log as logger
+from ._outcome import Outcome, StopReason
 from ._services import Service
 from ._session import ManagedSession
 from ._supervisor import Supervisor
@@ -39,11 +41,15 @@ __all__ = [
     "LogdirLockedError",
     "ManagedSession",
     "NanLossError",
+    "Outcome",
     "RestoreReport",
+    "RestoreSource",
     "RunContext",
     "Service",
+    "SessionClosed",
     "SessionStopped",
     "StepTimeout",
+    "StopReason",
     "Supervisor",
     "SupervisorError",
     "WaitTimeout",
