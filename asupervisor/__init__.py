@@ -22,6 +22,7 @@ from ._errors import (
     WaitTimeout,
 )
 from ._hooks import Hook, RunContext
+from ._exit import exit_status, run
 from ._log import EventLogger
 from ._log import log as logger
 from ._outcome import Outcome, StopReason
@@ -54,8 +55,10 @@ __all__ = [
     "SupervisorError",
     "WaitTimeout",
     "__version__",
+    "exit_status",
     "hooks",
     "logger",
+    "run",
     "services",
 ]
 
@@ -63,7 +66,7 @@ __all__ = [
 # module it is defined in (tracebacks, reprs and docs show this name).
 for _name in __all__:
     _obj = globals().get(_name)
-    if isinstance(_obj, type):
+    if isinstance(_obj, type) or callable(_obj):
         _obj.__module__ = __name__
 del _name, _obj, annotations  # the __future__ import is not part of the API
 

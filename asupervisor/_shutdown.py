@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from . import _exit
 from ._errors import GracePeriodExpired, StepTimeout
 from ._log import log
 from ._signals import redeliver
@@ -48,6 +49,8 @@ async def close(rt: SessionRuntime) -> None:
         await _off_loop(rt.thread.join, wait, wait)
     rt.coord._close_session()
     rt.enter(Phase.CLOSED)
+    if rt.outcome is not None:
+        _exit.ended(rt.outcome, rt.flag.error)
     with contextlib.suppress(Exception):
         outcome = rt.outcome
         log.info(
