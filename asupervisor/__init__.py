@@ -21,8 +21,8 @@ from ._errors import (
     SupervisorError,
     WaitTimeout,
 )
-from ._hooks import Hook, RunContext
 from ._exit import exit_status, run
+from ._hooks import Hook, RunContext
 from ._log import EventLogger
 from ._log import log as logger
 from ._outcome import Outcome, StopReason

@@ -92,7 +92,7 @@ class Processes(RuleBasedStateMachine):
     def every_checkpoint_reads_back_whole_at_one_step_boundary(self) -> None:
         if self.run is not None:
             return  # a save may be in flight: checked when no process runs
-        count, problems = checkpoint_problems(self.logdir)
+        _, problems = checkpoint_problems(self.logdir)
         assert problems == [], problems
 
     def teardown(self) -> None:
