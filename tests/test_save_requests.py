@@ -119,3 +119,26 @@ async def test_step_results_kept_for_means_do_not_keep_large_outputs_alive(logdi
         gc.collect()
         alive = sum(ref() is not None for ref in arrays)
     assert alive <= 1  # the last step's result (sess.last_result), nothing more
+
+
+async def test_a_background_save_that_lands_as_the_session_fails_counts_as_saved(
+    logdir: str, pair: Pair
+) -> None:
+    # Found by the model-based search: the note said "2 step(s) since ... (step 1)".
+    class FailsAtTwo(asv.Hook):
+        def after_run(self, ctx: asv.RunContext, result: Any) -> None:
+            if ctx.session.global_step == 2:
+                raise RuntimeError("a hook failed")
+
+    sv = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, save_model_secs=0, save_model_steps=1,
+        async_checkpoint=True, save_summaries_secs=0, hooks=[FailsAtTwo()], handle_signals=False,
+    )  # fmt: skip
+    with pytest.raises(RuntimeError, match="a hook failed") as raised:
+        async with sv.session() as sess:
+            await sess.run(pair.step)  # a background save of step 1 starts
+            await sess.run(pair.step)  # its hook fails: the session ends, the write lands
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest.endswith("model.ckpt-1")
+    notes = getattr(raised.value, "__notes__", [])
+    assert notes == ["asupervisor: 1 step(s) since the last checkpoint (step 1) were not saved"]
