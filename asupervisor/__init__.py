@@ -9,9 +9,11 @@ from __future__ import annotations
 
 from ._checkpoints import RestoreReport, RestoreSource
 from ._coordinator import Coordinator
+from ._divergence import Rollback
 from ._errors import (
     CheckpointMismatchError,
     CheckpointSaveError,
+    DivergedError,
     GracePeriodExpired,
     LogdirLockedError,
     NanLossError,
@@ -26,6 +28,7 @@ from ._hooks import Hook, RunContext
 from ._log import EventLogger
 from ._log import log as logger
 from ._outcome import Outcome, StopReason
+from ._retention import KeepBest
 from ._services import Service
 from ._session import ManagedSession
 from ._supervisor import Supervisor
@@ -36,15 +39,18 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointSaveError",
     "Coordinator",
+    "DivergedError",
     "EventLogger",
     "GracePeriodExpired",
     "Hook",
+    "KeepBest",
     "LogdirLockedError",
     "ManagedSession",
     "NanLossError",
     "Outcome",
     "RestoreReport",
     "RestoreSource",
+    "Rollback",
     "RunContext",
     "Service",
     "SessionClosed",

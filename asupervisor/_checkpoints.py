@@ -32,8 +32,11 @@ from ._logdir import (
 )
 from ._position import FIT_STATE
 from ._position import NAME as POSITION
-from ._retention import Retention
+from ._records import Record
+from ._retention import KeepBest, Retention
 from ._root import GLOBAL_STEP, SavedRoot
+from ._state import NAME as KEPT_STATE
+from ._state import SEEDS
 from ._store import Store
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
@@ -100,13 +103,16 @@ class Checkpointer:
         guard: WriteGuard | None = None,
         on_fatal: Callable[[BaseException], None] | None = None,
         durable: bool = True,
+        keep_best: KeepBest | None = None,
     ) -> None:
         self.root = root
         self.directory = directory
         self.store = store = Store(directory)
         self.basename = basename
         self.guard = guard or WriteGuard(None)
-        self.retention = Retention(store, basename, max_to_keep, keep_checkpoint_every_n_hours)
+        self.retention = Retention(
+            store, basename, max_to_keep, keep_checkpoint_every_n_hours, keep_best
+        )
         self.damaged_state: tuple[str, str] | None = None  # (state file, why it was skipped)
         try:
             self.retention.load()  # bounded, never blocking: a FIFO is damage, not a hang
@@ -247,6 +253,20 @@ class Checkpointer:
             return retention.keep_every_n_hours is not None
         return written <= retention.last_preserved
 
+    def healthy_at_or_before(self, step: int) -> str | None:
+        """The newest committed checkpoint at or before ``step`` whose commit recorded a
+        finite loss and whose files read back whole (a rollback's target), or ``None``."""
+        retention = self.retention
+        for name in reversed(retention.names()):
+            order = own_order(name, self.basename)
+            record = retention.records.get(name)
+            if order is None or order[0] > step or (record is not None and not record.healthy):
+                continue
+            path = self.store.path(name)
+            if checkpoint_problem(self.store, path) is None:
+                return path
+        return None
+
     def latest_committed(self) -> str | None:
         """The checkpoint the state file names as the latest (a full path), or ``None``."""
         latest = self.retention.latest
@@ -262,7 +282,7 @@ class Checkpointer:
         children = self.root.children()
         missing, unexpected = top_level_differences(children, path)
         # What an older or another tool's checkpoint may lack: restored without it.
-        optional = {POSITION, FIT_STATE}
+        optional = {POSITION, FIT_STATE, KEPT_STATE, SEEDS}
         if not is_own(path, self.basename):
             optional.add(GLOBAL_STEP)
         absent = [name for name in missing if name in optional]
@@ -306,7 +326,13 @@ class Checkpointer:
         self.store.sync(self.store.files_of(name))
 
     def save(
-        self, step: int, *, force: bool = False, final: bool = False, tag: int = 0
+        self,
+        step: int,
+        *,
+        force: bool = False,
+        final: bool = False,
+        tag: int = 0,
+        record: Record | None = None,
     ) -> str | None:
         """Save at ``step``; ``None`` if a checkpoint for it exists, the save failed, or
         its files are written in the background (``completed`` gets ``(step, path,
@@ -321,7 +347,7 @@ class Checkpointer:
         if not force and step in (self.last_saved_step, self.writing_step):
             return None
         if self.async_write:
-            self._save_async(step, tag)
+            self._save_async(step, tag, record)
             if final:
                 self.wait_for_write()
                 if self.fatal is not None or self.last_saved_step != step:
@@ -335,7 +361,7 @@ class Checkpointer:
                 name = self.retention.next_name(step)
                 with self.store.writing_back(name):
                     self.root.checkpoint.write(self.store.path(name))
-                self._commit(name)
+                self._commit(name, record)
         except (Fenced, LogdirLockedError):
             raise  # not a failed write: this session may not write here any more
         except Exception as exc:
@@ -348,11 +374,11 @@ class Checkpointer:
         self._saved(step, path, seconds, seconds)
         return path
 
-    def _commit(self, name: str) -> None:
+    def _commit(self, name: str, record: Record | None) -> None:
         """Files on disk first (fsynced), then the state file names them, then retention."""
         if self.durable:
             self._sync_new(name)
-        self.retention.commit(name)
+        self.retention.commit(name, record)
 
     def _failed(self, step: int, exc: Exception, *, final: bool) -> CheckpointSaveError | None:
         """Log a failed save; the error to stop training with on the third in a row,
@@ -394,7 +420,7 @@ class Checkpointer:
 
     # -- asynchronous writes ---------------------------------------------------
 
-    def _save_async(self, step: int, tag: int) -> None:
+    def _save_async(self, step: int, tag: int, record: Record | None) -> None:
         """Training thread: snapshot now, write in the background (one write at a time)."""
         started = time.perf_counter()
         self.wait_for_write()
@@ -407,30 +433,35 @@ class Checkpointer:
         self.writing, self.writing_step = self.store.path(name), step
         self._writer = threading.Thread(
             target=self._write,
-            args=(snapshot, name, step, tag, started, held),
+            args=(snapshot, name, step, tag, record, started, held),
             name="asupervisor-checkpoint-writer",
             daemon=True,
         )
         self._writer.start()
 
-    def _write(
-        self, snapshot: Any, name: str, step: int, tag: int, started: float, held: float
-    ) -> None:
+    def _write(self, snapshot: Any, name: str, step: int, *rest: Any) -> None:
         """Writer thread: files, fsync, then the state file; failures are reported."""
         set_priority(threading.get_native_id(), 19)
         try:
-            self._write_files(snapshot, name, step, tag, started, held)
+            self._write_files(snapshot, name, step, *rest)
         finally:
             self.writing = self.writing_step = None
 
     def _write_files(
-        self, snapshot: Any, name: str, step: int, tag: int, started: float, held: float
+        self,
+        snapshot: Any,
+        name: str,
+        step: int,
+        tag: int,
+        record: Record | None,
+        started: float,
+        held: float,
     ) -> None:
         try:
             with self.guard.writing():
                 with self.store.writing_back(name):
                     _async_save.write_snapshot(snapshot, self.store.path(name))
-                self._commit(name)
+                self._commit(name, record)
         except LogdirLockedError as exc:
             self._fail_for_good(exc)
             return

@@ -10,6 +10,7 @@ exception a caller would naturally catch::
      ├── LogdirLockedError       another live chief holds the logdir
      ├── WaitTimeout             (also TimeoutError) no checkpoint appeared in time
      ├── NanLossError            a step's loss was NaN
+     │    └── DivergedError      the loss kept diverging after max_rollbacks rollbacks
      ├── StepTimeout             the watchdog saw a step run too long
      ├── SessionStopped          (also RuntimeError) run/train after a stop; a clean exit
      └── SessionClosed           (also RuntimeError) work given to a session that has closed
@@ -77,3 +78,8 @@ class SessionClosed(SupervisorError, RuntimeError):
     Also what a job abandoned by its session meets on the training thread at its next
     step boundary: it runs no hook, saves nothing and asks for no stop.
     """
+
+
+class DivergedError(NanLossError):
+    """The loss diverged again after ``Rollback.max_rollbacks`` rollbacks (or there was no
+    healthy checkpoint to roll back to); the message says where and what was tried."""

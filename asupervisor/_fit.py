@@ -28,6 +28,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._log import log
 from ._position import epoch_data, is_epoch_function, skipped
+from ._state import key_of
+from ._steps import Rewind
 
 if TYPE_CHECKING:
     from ._runtime import SessionRuntime
@@ -224,6 +226,9 @@ class FitRun:
 
         verbose = setup["verbose"]
         self.validation = validation
+        self.user = list(user)
+        self.keys = [key_of(i, cb) for i, cb in enumerate(self.user)]
+        self.runtime.kept.track("callbacks", self.user, self.keys)
         # Keras' own History and progress bar, as fit adds them, but before Last.
         defaults = [keras.callbacks.History()]
         if verbose != 0:
@@ -240,6 +245,9 @@ class FitRun:
     # -- what the callbacks do -------------------------------------------------------
 
     def train_begin(self) -> None:
+        """After every callback's ``on_train_begin`` (Keras resets them there): their kept
+        state back, then an epoch end a stop interrupted."""
+        self.runtime.kept.give_back("callbacks", self.user, self.keys)
         if self.plan.end_due:
             self._end_interrupted_epoch()
 
@@ -285,9 +293,13 @@ class FitRun:
             self.model.stop_training = self.stopped_by_user
 
     def epoch_end_last(self, logs: Any) -> None:
+        runtime = self.runtime
         self.epoch_logs = dict(logs or {})
-        self.runtime.epoch_summaries(self.epoch_logs)
-        self.runtime.position.next_epoch()
+        runtime.epoch_summaries(self.epoch_logs)
+        runtime.position.next_epoch()
+        best = runtime.sv.keep_best
+        if best is not None and best.metric in self.epoch_logs and runtime.sv.checkpointing:
+            runtime.save(metrics=self.epoch_logs)  # keep-best needs the epoch's own checkpoint
 
     def _end_interrupted_epoch(self) -> None:
         """The epoch whose validation a stop interrupted: evaluated and ended now, before
@@ -365,6 +377,8 @@ def fit(
     while True:
         try:
             return _fit_once(runtime, model, data, epochs, callbacks, dict(kwargs))
+        except Rewind:
+            continue  # rolled back after a divergence: fit goes on from the moved position
         except Exception as exc:
             if not runtime.recoverable(exc):
                 raise

@@ -16,9 +16,10 @@ from datetime import datetime, timezone
 from typing import Any
 
 from ._logdir import STATE, checkpoint_bytes, checkpoint_problem, files_problem
+from ._records import read_evaluated, read_records
 from ._store import Store, is_object_store
 
-_INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)\.index$")
+_INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)(?:_\d+)?\.index$")
 
 
 @dataclass
@@ -29,6 +30,8 @@ class CheckpointInfo:
     bytes: int
     readable: bool
     problem: str | None = None
+    metrics: dict[str, float] = field(default_factory=dict)  # what its commit recorded
+    healthy: bool | None = None  # its loss was finite (None: no record)
 
 
 @dataclass
@@ -80,6 +83,8 @@ def _latest_from_state_file(store: Store) -> str | None:
 
 def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[CheckpointInfo]:
     found = []
+    records = read_records(store)
+    evaluated = read_evaluated(store.root)
     for name in names:
         match = _INDEX.match(name)
         if match is None:
@@ -90,6 +95,7 @@ def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[Check
             saved = _iso(store.mtime(name))
         except OSError:
             saved = "unknown"
+        record = records.get(name[: -len(".index")])
         found.append(
             CheckpointInfo(
                 path=prefix,
@@ -98,6 +104,11 @@ def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[Check
                 bytes=checkpoint_bytes(store, prefix),
                 readable=problem is None,
                 problem=problem,
+                metrics={
+                    **(record.metrics if record else {}),
+                    **evaluated.get(name[: -len(".index")], {}),
+                },
+                healthy=None if record is None else record.healthy,
             )
         )
     return sorted(found, key=lambda c: c.step)

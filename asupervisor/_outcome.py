@@ -95,7 +95,7 @@ _EXIT_STATUS = {
 def is_permanent(error: BaseException) -> bool:
     """Whether a new attempt would meet ``error`` again: a wrong model or logdir, bad
     input or configuration, a diverged run. Anything else may be passing."""
-    from ._errors import CheckpointMismatchError, NanLossError
+    from ._errors import CheckpointMismatchError, NanLossError  # DivergedError is one
 
     permanent: tuple[type[BaseException], ...] = (
         CheckpointMismatchError,

@@ -87,6 +87,10 @@ class Position:
         if self._counting:
             self.batch += batches
 
+    def go_to(self, epoch: int, batch: int) -> None:
+        """A rollback moves the data past the batches that led to the divergence."""
+        self.epoch, self.batch = epoch, batch
+
     def next_epoch(self) -> None:
         if self.batch > 0 and not self.epoch_batches:
             self.epoch_batches = self.batch  # the data could not say it: now it is known

@@ -12,25 +12,64 @@ private members:
 - the state file is written before anything is deleted, so a kill in between leaves
   extra files, never a state file that names deleted ones.
 
+And rules TF's manager has not, kept in union with those: the best ``count`` by a metric
+(``KeepBest``: the metrics each commit recorded, or the sidecar evaluator's), the newest
+healthy checkpoint (the one a rollback goes back to), and any checkpoint a reader holds a
+lease on (``_leases``). A checkpoint these keep stays listed beside the newest
+``max_to_keep``. Each commit's metrics and health are recorded beside the state file
+(``_records``), for the next session and ``asupervisor inspect``.
+
 Only the supervisor's own checkpoints (``<basename>-<step>[_<n>]``) directly inside the
 logdir are ever listed or deleted.
 """
 
 from __future__ import annotations
 
+import numbers
 import time
 from dataclasses import dataclass
 from typing import Any
 
+from ._leases import leased
 from ._log import log
 from ._logdir import STATE, is_own, own_order, read_state
+from ._records import Record, read_evaluated, read_records, write_records
 from ._store import Store
+
+_UNKNOWN = Record(step=-1, time=0.0)  # a checkpoint no commit recorded: healthy, no metrics
 
 
 @dataclass(frozen=True)
 class Kept:
     name: str  # the checkpoint's prefix, a name inside the logdir
     timestamp: float  # time.time() when it was committed
+
+
+class KeepBest:
+    """Keep the ``count`` best checkpoints by ``metric`` (``mode``: ``"min"`` or ``"max"``),
+    beside the newest ``max_to_keep``. The metric is what the commit recorded (a step's
+    result, ``fit``'s epoch logs, ``save_checkpoint(metrics=...)``) or what the sidecar
+    evaluator measured on the checkpoint later."""
+
+    def __init__(self, metric: str, mode: str = "min", count: int = 1) -> None:
+        if not isinstance(metric, str) or not metric:
+            raise ValueError(f"metric must be a non-empty string, not {metric!r}")
+        if mode not in ("min", "max"):
+            raise ValueError(f"mode must be 'min' or 'max', not {mode!r}")
+        if isinstance(count, bool) or not isinstance(count, numbers.Integral) or count < 1:
+            raise ValueError(f"count must be an int >= 1, not {count!r}")
+        self.metric: str = metric
+        self.mode: str = mode
+        self.count: int = int(count)
+
+    def __repr__(self) -> str:
+        return f"KeepBest({self.metric!r}, mode={self.mode!r}, count={self.count})"
+
+    def best(self, metrics: dict[str, dict[str, float]]) -> list[str]:
+        """The names of the best ``count``, best first, among those with the metric."""
+        scored = [(m[self.metric], name) for name, m in metrics.items() if self.metric in m]
+        scored.sort(reverse=self.mode == "max")
+        return [name for _, name in scored[: self.count]]
 
 
 class Retention:
@@ -42,12 +81,15 @@ class Retention:
         basename: str,
         max_to_keep: int | None,
         keep_every_n_hours: float | None,
+        keep_best: KeepBest | None = None,
     ) -> None:
         self.store, self.basename = store, basename
         self.max_to_keep, self.keep_every_n_hours = max_to_keep, keep_every_n_hours
+        self.keep_best = keep_best
         self._kept: list[Kept] = []  # listed in the state file, oldest first
         self.latest: str | None = None  # the name the state file gives as the latest
         self._last_preserved = time.time() - 1  # as a CheckpointManager over a new directory
+        self.records: dict[str, Record] = {}  # what each commit recorded, by name
 
     # -- reading ---------------------------------------------------------------------
 
@@ -56,6 +98,7 @@ class Retention:
         checkpoints it names are left out: they are never swept."""
         state = read_state(self.store) if state is None else state
         self._kept, self.latest = [], None
+        self.records = read_records(self.store)
         now = time.time()
         if state is None:
             self._last_preserved = now - 1
@@ -96,19 +139,49 @@ class Retention:
 
     # -- writing ---------------------------------------------------------------------
 
-    def commit(self, name: str) -> list[str]:
+    def commit(self, name: str, record: Record | None = None) -> list[str]:
         """``name`` (whose files are on disk, synced) becomes the latest: the state file
-        names it, then what the rules let go is deleted. Returns the names deleted."""
+        names it, then what the rules let go is deleted, then the records are written.
+        Returns the names deleted."""
         self._kept = [k for k in self._kept if k.name != name]
         self._kept.append(Kept(name, time.time()))
         self.latest = name
+        if record is not None:
+            self.records[name] = record
         self._write_state()
         gone = self._sweep()
         if gone:
             self._write_state()
             for dropped in gone:
                 self._delete(dropped)
+        self._write_records()
         return gone
+
+    def metrics(self) -> dict[str, dict[str, float]]:
+        """Each listed checkpoint's metrics: the commit's, then the evaluator's over them."""
+        evaluated = read_evaluated(self.store.root)
+        return {
+            k.name: {**self.records.get(k.name, _UNKNOWN).metrics, **evaluated.get(k.name, {})}
+            for k in self._kept
+        }
+
+    def newest_healthy(self) -> str | None:
+        """The newest listed checkpoint whose commit recorded a finite loss (or no loss)."""
+        for kept in reversed(self._kept):
+            if self.records.get(kept.name, _UNKNOWN).healthy:
+                return kept.name
+        return None
+
+    def protected(self) -> set[str]:
+        """What no sweep deletes: the best by the metric, the newest healthy checkpoint,
+        and what readers hold leases on."""
+        keep = leased(self.store)
+        healthy = self.newest_healthy()
+        if healthy is not None:
+            keep.add(healthy)
+        if self.keep_best is not None:
+            keep.update(self.keep_best.best(self.metrics()))
+        return keep
 
     def adopt(self, names: list[str]) -> None:
         """The chief restored ``names[-1]`` (checkpoints on disk, oldest first, that the
@@ -124,18 +197,28 @@ class Retention:
 
     def _sweep(self) -> list[str]:
         """CheckpointManager's rule: beyond ``max_to_keep``, the oldest goes, unless one
-        is due to be preserved (every ``keep_checkpoint_every_n_hours``)."""
+        is due to be preserved (every ``keep_checkpoint_every_n_hours``); in union with
+        what ``protected`` keeps (listed)."""
         gone: list[str] = []
         if self.max_to_keep is None:
             return gone
-        while len(self._kept) > self.max_to_keep:
-            oldest = self._kept.pop(0)
+        protected = self.protected()
+        beyond = self._kept[: max(0, len(self._kept) - self.max_to_keep)]  # oldest first
+        for oldest in beyond:
+            if oldest.name in protected:
+                continue  # kept, and listed
+            self._kept.remove(oldest)
             every = self.keep_every_n_hours
             if every is not None and oldest.timestamp - every * 3600 >= self._last_preserved:
                 self._last_preserved = oldest.timestamp  # kept on disk, no longer listed
                 continue
             gone.append(oldest.name)
+            self.records.pop(oldest.name, None)
         return gone
+
+    def _write_records(self) -> None:
+        listed = {k.name for k in self._kept}
+        write_records(self.store, {n: r for n, r in self.records.items() if n in listed})
 
     def _write_state(self) -> None:
         from google.protobuf import text_format

@@ -18,6 +18,8 @@ from typing import TYPE_CHECKING, Any
 
 from ._position import FIT_STATE
 from ._position import NAME as POSITION
+from ._state import NAME as STATE
+from ._state import SEEDS, KeptState, seed_generators
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -26,7 +28,7 @@ if TYPE_CHECKING:
 
 GLOBAL_STEP = "global_step"
 # Names the supervisor's root gives its own children (and TF's counter of saves).
-RESERVED = (GLOBAL_STEP, POSITION, FIT_STATE, "save_counter")
+RESERVED = (GLOBAL_STEP, POSITION, FIT_STATE, STATE, SEEDS, "save_counter")
 
 
 def user_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:
@@ -83,9 +85,19 @@ def children_of(checkpoint: Any) -> dict[str, Any]:
 class SavedRoot:
     """What one session saves and restores (see the module's docstring)."""
 
-    def __init__(self, user: tf.train.Checkpoint, global_step: Any, position: Position) -> None:
+    def __init__(
+        self, user: tf.train.Checkpoint, global_step: Any, position: Position, kept: KeptState
+    ) -> None:
+        import tensorflow as tf
+
         self.user = user
         self.ours: dict[str, Any] = {GLOBAL_STEP: global_step, **position.objects()}
+        self.ours[STATE] = kept.module
+        generators = seed_generators(children_of(user).values())
+        if generators:  # Keras leaves their state out of a checkpoint of the model
+            seeds = tf.Module(name=SEEDS)
+            seeds.states = generators
+            self.ours[SEEDS] = seeds
         self.checkpoint = self._root(self.ours)
 
     def _root(self, ours: Mapping[str, Any]) -> tf.train.Checkpoint:

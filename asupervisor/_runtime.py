@@ -12,9 +12,11 @@ The stop path is the state machine in ``_stopping`` (drawn in
 from __future__ import annotations
 
 import contextlib
+import math
+import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -22,15 +24,24 @@ import anyio
 
 from . import _shutdown, _startup
 from ._checkpoints import Checkpointer, RestoreReport, RestoreSource
-from ._errors import CheckpointMismatchError, SessionClosed, SessionStopped, StepTimeout
+from ._divergence import LossWatch, loss_of
+from ._errors import (
+    CheckpointMismatchError,
+    DivergedError,
+    SessionClosed,
+    SessionStopped,
+    StepTimeout,
+)
 from ._lock import LeaseLock, LogdirLock, WriteGuard
 from ._log import log
 from ._loopwatch import LoopWatch
 from ._outcome import Outcome, StopReason, is_permanent
 from ._position import Position
+from ._records import Record, finite_numbers
 from ._root import SavedRoot
 from ._services import Registration, ServiceGroup
 from ._signals import SignalListener
+from ._state import KeptState, key_of
 from ._steps import GlobalStep, Stepper
 from ._stopping import Phase, end_of_data_error, end_of_data_types
 from ._summaries import EventsFile, scalars
@@ -80,7 +91,9 @@ class SessionRuntime:
         self.services = ServiceGroup(self.session, self.fail)
         self.step = GlobalStep(sv.global_step, sv.owns_global_step)
         self.position = Position()
-        self.root = SavedRoot(sv.checkpoint, sv.global_step, self.position)
+        self.kept = KeptState()
+        self.kept.track("hooks", sv.hooks, [key_of(i, h) for i, h in enumerate(sv.hooks)])
+        self.root = SavedRoot(sv.checkpoint, sv.global_step, self.position, self.kept)
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         averaging = sv.writes_summaries and sv.summary_fn is None
@@ -88,8 +101,10 @@ class SessionRuntime:
         self.restore_report = RestoreReport(RestoreSource.FRESH, None, 0)
         self.drain_started: float | None = None
         self.loopwatch = LoopWatch(self.caller)
-        self._async_saves: dict[str, int] = {}  # path → steps run when its state was taken
+        policy = sv.on_divergence
+        self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
         self._no_writer_warned = False
+        self.rollback_history: list[str] = []
 
     # -- what start-up and shutdown hand over ------------------------------------------
 
@@ -106,6 +121,9 @@ class SessionRuntime:
     def began(self, report: RestoreReport, deferred: tuple[str, str] | None) -> None:
         """Training thread: restored (or initialized); the state is the run's own now."""
         self.restore_report, self.deferred = report, deferred
+        self.kept.reload()
+        hooks = self.sv.hooks
+        self.kept.give_back("hooks", hooks, [key_of(i, h) for i, h in enumerate(hooks)])
         self.stepper.begin(self.step.value)
         self.events.mark_start(self.step.value + 1)  # the restored state's own point stays
         self.ready = True
@@ -215,6 +233,7 @@ class SessionRuntime:
         checkpointer.restored(path)
         self.step.reload()
         self.position.reload()
+        self.kept.reload()
         stepper.recovered()
         self.events.mark_start(self.step.value + 1)
         log.warning(
@@ -226,7 +245,7 @@ class SessionRuntime:
             max_recoveries=self.sv.max_recoveries,
         )
 
-    def save(self, *, final: bool = False) -> str | None:
+    def save(self, *, final: bool = False, metrics: Mapping[str, Any] | None = None) -> str | None:
         """Training thread: save at the current step; hooks' after_save may ask to stop.
         Returns the path written (``None``: nothing to save, or a background write).
 
@@ -239,16 +258,82 @@ class SessionRuntime:
         self.thread.check_fence()
         self.step.flush()
         stepper, step = self.stepper, self.step.value
+        record = self._record(step, metrics)
+        if self.losses is not None and not record.healthy:
+            log.warning("checkpoint.skipped", step=step, reason="the loss is not finite")
+            return None  # with rollbacks on, state that diverged is never committed
         self.position.sync()
+        self.kept.sync()
         runs = stepper.steps_run
         forced = stepper.unsaved > 0 and step == checkpointer.last_saved_step
-        path = checkpointer.save(step, force=forced, final=final, tag=runs)
+        path = checkpointer.save(step, force=forced, final=final, tag=runs, record=record)
         if path is not None:
             stepper.state_saved(runs)
             self.call_after_save(step, path)
         return path
 
-    def explicit_save(self) -> str | None:
+    def _record(self, step: int, metrics: Mapping[str, Any] | None) -> Record:
+        """What a commit records beside the checkpoint: the last step's numbers (and the
+        ones given), and whether its loss was finite."""
+        last = scalars(self.stepper.last_result)
+        loss = last.get("loss")
+        healthy = loss is None or math.isfinite(loss)
+        return Record(step, time.time(), finite_numbers({**last, **(metrics or {})}), healthy)
+
+    def check_divergence(self, result: Any) -> bool:
+        """Training thread, after a step: ``True`` when its loss diverged and the run was
+        rolled back (see ``_divergence``); raises ``DivergedError`` after too many."""
+        watch = self.losses
+        if watch is None:
+            return False
+        loss = loss_of(result)
+        reason = None if loss is None else watch.diverges(loss)
+        if reason is None:
+            return False
+        self._roll_back(reason, loss)
+        return True
+
+    def _roll_back(self, reason: str, loss: float | None) -> None:
+        policy, watch, checkpointer = self.sv.on_divergence, self.losses, self.checkpointer
+        assert policy is not None and watch is not None
+        diverged, where = self.step.value, (self.position.epoch, self.position.batch)
+        log.warning("step.diverged", step=diverged, loss=loss, reason=reason)
+        what = f"the loss diverged ({reason}: {loss}) at step {diverged}"
+        if watch.rollbacks >= policy.max_rollbacks:
+            raise DivergedError(
+                f"{what}, after {watch.rollbacks} rollbacks (max_rollbacks="
+                f"{policy.max_rollbacks}): stopped; {self.rollback_history or 'none'}"
+            )
+        path = None
+        if checkpointer is not None:
+            checkpointer.wait_for_write()
+            self.saves_done(hooks=False)
+            path = checkpointer.healthy_at_or_before(diverged - policy.lookback)
+        if checkpointer is None or path is None:
+            raise DivergedError(f"{what}, and no healthy checkpoint is there to roll back to")
+        checkpointer.restore(path)
+        checkpointer.restored(path)
+        self.step.reload()
+        self.position.reload()
+        self.kept.reload()
+        if self.position.counts():  # past the batch that diverged, and `skip` more
+            self.position.go_to(where[0], where[1] + policy.skip)
+        self.stepper.recovered()
+        watch.rolled_back()
+        restored = self.step.value
+        self.rollback_history.append(f"step {diverged} -> {os.path.basename(path)}")
+        self.events.mark_start(restored + 1)
+        self.events.write({"rollback/diverged_at_step": float(diverged)}, restored + 1)
+        log.warning(
+            "checkpoint.rolled_back",
+            path=path,
+            step=restored,
+            diverged_at=diverged,
+            data_position=[self.position.epoch, self.position.batch],
+            rollbacks=watch.rollbacks,
+        )
+
+    def explicit_save(self, metrics: Mapping[str, Any] | None = None) -> str | None:
         """Training thread: ``sess.save_checkpoint()``: a checkpoint of this step boundary,
         written now (or the one already holding it); its path. In a multi-worker job every
         worker saves after the next step: ``None``."""
@@ -259,7 +344,7 @@ class SessionRuntime:
         if self.agreement is not None:
             self.timed_save()
             return None
-        path = self.save() or checkpointer.writing  # a background write: where it goes
+        path = self.save(metrics=metrics) or checkpointer.writing  # a background write: its path
         if path is None and checkpointer.last_saved_step == self.step.value:
             path = checkpointer.latest_committed()  # nothing changed since it was written
         return path
@@ -396,7 +481,7 @@ class SessionRuntime:
                 self.scopes.append(tg.cancel_scope)
                 self.services.open()
                 for reg in services:
-                    self.services.start(reg)
+                    self.start_service(reg)
                 self.phase = Phase.RUNNING
                 try:
                     with anyio.CancelScope() as body:
@@ -423,6 +508,13 @@ class SessionRuntime:
                 await self._cancel_services()
                 await _shutdown.close(self)
         _shutdown.raise_outcome(self)
+
+    def start_service(self, reg: Registration) -> None:
+        """A service starts (with its state given back, if it keeps one)."""
+        key = f"service:{reg.name}"
+        self.kept.give_back("services", [reg.service], [key])
+        self.kept.track_one("services", key, reg.service)
+        self.services.start(reg)
 
     # -- signals --------------------------------------------------------------------
 

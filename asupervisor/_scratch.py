@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 from ._checkpoints import Checkpointer
 
 if TYPE_CHECKING:
+    from ._records import Record
     from ._root import SavedRoot
 
 
@@ -37,7 +38,13 @@ class ScratchCheckpointer(Checkpointer):
         )
 
     def save(
-        self, step: int, *, force: bool = False, final: bool = False, tag: int = 0
+        self,
+        step: int,
+        *,
+        force: bool = False,
+        final: bool = False,
+        tag: int = 0,
+        record: Record | None = None,
     ) -> str | None:
         """Take part in the save at ``step``; nothing is kept, so nothing is returned."""
         try:

@@ -152,7 +152,7 @@ class ManagedSession:
         position = self._rt.position
         return position.epoch, position.batch
 
-    async def save_checkpoint(self) -> str | None:
+    async def save_checkpoint(self, metrics: Mapping[str, Any] | None = None) -> str | None:
         """A checkpoint of the state at the next step boundary; its path once its files are
         on disk (a background write is waited for here, not on the training thread).
 
@@ -160,9 +160,11 @@ class ManagedSession:
         checkpoint already there when no step ran since it. ``None`` on a process that
         writes no checkpoints (a non-chief, ``logdir=None``), and in a multi-worker job,
         where every worker saves after the next step (the request is agreed first).
+        ``metrics`` are recorded with it (``asv.KeepBest`` keeps the best by one).
         """
         rt = self._rt
-        path: str | None = await rt.thread.run_job(Job(rt.explicit_save, kind=JobKind.SAVE))
+        job = Job(rt.explicit_save, (dict(metrics or {}),), kind=JobKind.SAVE)
+        path: str | None = await rt.thread.run_job(job)
         checkpointer = rt.checkpointer
         if path is not None and checkpointer is not None and checkpointer.async_write:
             # Waited for here, in a worker thread: training goes on meanwhile.
@@ -289,4 +291,4 @@ class ManagedSession:
 
     def start_service(self, service: Any, *, on_error: str = "stop", max_restarts: int = 3) -> None:
         """Start a service now, for this session only."""
-        self._rt.services.start(register(service, on_error=on_error, max_restarts=max_restarts))
+        self._rt.start_service(register(service, on_error=on_error, max_restarts=max_restarts))

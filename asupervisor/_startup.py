@@ -108,6 +108,7 @@ def _open(rt: SessionRuntime) -> Opened:
                 async_write=sv.async_checkpoint,
                 guard=guard,
                 on_fatal=rt.fail,  # a background write that fails for good stops training
+                keep_best=sv.keep_best,
             )
     rt.events.open(rt.thread.on_thread)
     rt.events.set_default(rt.step.for_summaries())

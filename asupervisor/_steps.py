@@ -249,10 +249,11 @@ class Stepper:
         self._saved_at_run = self.steps_run
 
     def recovered(self) -> None:
-        """An earlier checkpoint was restored after a recoverable error."""
+        """An earlier checkpoint was restored (a recoverable error, a rollback)."""
         self.recoveries += 1
         self._saved_at_run = self.steps_run
         self.means.clear()  # the failed steps' results are not the restored state's
+        self.last_result = None
 
     def state_saved(self, at_run: int) -> None:
         """A save of the state as it was after ``at_run`` steps is on disk."""
@@ -338,6 +339,10 @@ class Stepper:
         self.steps_run += batches
         runtime.position.advance(batches)
         self.last_result = result  # for progress displays; one assignment, no copy
+        if runtime.check_divergence(result):  # rolled back: this step is undone
+            if runtime.position.counts():
+                raise Rewind()  # the data goes on from where the rollback put it
+            return
         if self.averaging and not running_means:
             self.means.add(result)
         if self.first_done is None:

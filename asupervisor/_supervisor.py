@@ -15,7 +15,9 @@ from typing import TYPE_CHECKING, Any
 from . import _validate as check
 from ._cluster import Role, multi_worker_role
 from ._coordinator import Coordinator
+from ._divergence import Rollback
 from ._hooks import Hook
+from ._retention import KeepBest
 from ._root import user_checkpoint
 from ._services import Registration, register
 from ._session import ManagedSession
@@ -63,6 +65,8 @@ class Supervisor:
         hooks: Iterable[Hook] = (),
         summary_writer: Any = "auto",
         step_timeout_secs: float | None = None,
+        keep_best: KeepBest | None = None,
+        on_divergence: Rollback | str | None = None,
     ) -> None:
         self.logdir = _check_logdir(logdir)
         self.strategy, self.role = _find_strategy(strategy)
@@ -89,6 +93,8 @@ class Supervisor:
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
+        self.keep_best = _check_keep_best(keep_best)
+        self.on_divergence = _check_divergence(on_divergence)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
         # The user's checkpoint object, read at each save (what it holds *then* is saved).
         self.checkpoint = user_checkpoint(checkpoint, self.global_step)
@@ -325,6 +331,25 @@ def _check_basename(basename: Any) -> str:
             "TensorFlow looks checkpoints up by pattern, and would not find it"
         )
     return basename
+
+
+def _check_keep_best(keep_best: Any) -> KeepBest | None:
+    if keep_best is not None and not isinstance(keep_best, KeepBest):
+        raise ValueError(
+            f"keep_best must be an asupervisor.KeepBest or None, not {keep_best!r} "
+            "(e.g. asv.KeepBest('val_loss', mode='min'))"
+        )
+    return keep_best
+
+
+def _check_divergence(policy: Any) -> Rollback | None:
+    if policy == "rollback":
+        return Rollback()
+    if policy is not None and not isinstance(policy, Rollback):
+        raise ValueError(
+            f"on_divergence must be 'rollback', an asupervisor.Rollback or None, not {policy!r}"
+        )
+    return policy
 
 
 def _check_error_types(types: Any) -> tuple[type[BaseException], ...]:

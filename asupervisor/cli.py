@@ -45,10 +45,15 @@ def render(report: LogdirReport) -> str:
     lines.append(f"latest checkpoint: {latest}  (step {report.latest_step})")
     lines.append("")
     lines.append(f"checkpoints ({len(report.checkpoints)}):")
-    lines.append(f"  {'step':>10}  {'saved (UTC)':<25}  {'size':>10}  readable")
+    lines.append(f"  {'step':>10}  {'saved (UTC)':<25}  {'size':>10}  readable  metrics")
     for c in report.checkpoints:
         readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
-        lines.append(f"  {c.step:>10}  {c.saved:<25}  {_size(c.bytes):>10}  {readable}")
+        metrics = " ".join(f"{shown(k)}={v:.6g}" for k, v in sorted(c.metrics.items()))
+        if c.healthy is False:
+            metrics = "NOT HEALTHY (loss not finite) " + metrics
+        lines.append(
+            f"  {c.step:>10}  {c.saved:<25}  {_size(c.bytes):>10}  {readable:<8}  {metrics}"
+        )
     lines.append("")
     lines.append(f"tags ({len(report.tags)}):")
     lines.append(f"  {'tag':<28}  {'kind':<9}  {'last value':>12}  {'steps':<17}  points")

@@ -310,7 +310,7 @@ async def test_a_bit_flip_in_a_saved_iterator_is_caught_and_falls_back(logdir: s
     async with sv.session() as sess:
         assert sess.restore_report.step == 2
         assert [Path(p).name for p, _ in sess.restore_report.skipped] == ["model.ckpt-4"]
-        assert sess.restore_report.skipped[0][1].startswith("DataLossError")
+        assert "RestoreV2" in sess.restore_report.skipped[0][1]  # found as a restore reads it
         await sess.run(next, it)  # the restored iterator works
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -41,8 +42,9 @@ async def test_inspect_prints_checkpoints_tags_and_events(
     assert main(["inspect", logdir]) == 0
     out = capsys.readouterr().out
     assert f"latest checkpoint: {logdir}/model.ckpt-4  (step 4)" in out
-    rows = [line.split() for line in out.splitlines() if line.strip().endswith("yes")]
+    rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s.*\syes\b", line)]
     assert [int(row[0]) for row in rows] == [0, 2, 4]
+    assert any(cell.startswith("loss=") for cell in rows[-1])  # what the commit recorded
     loss = next(line for line in out.splitlines() if line.strip().startswith("loss "))
     assert loss.split()[:4] == ["loss", "scalar", "6", "1..4"]
     assert "events files (1):" in out

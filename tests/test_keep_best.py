@@ -1,0 +1,122 @@
+"""Retention of the library's own: the best by a metric, the newest healthy checkpoint and
+what readers lease are kept beside the newest `max_to_keep`; what each commit recorded is
+read back by the next session, and the best survives a kill."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor._leases import hold
+from asupervisor._records import read_records
+from asupervisor._store import Store
+from tests.conftest import Pair
+
+
+def on_disk(logdir: str) -> list[str]:
+    return sorted(n[: -len(".index")] for n in os.listdir(logdir) if n.endswith(".index"))
+
+
+@pytest.mark.asyncio
+async def test_the_best_by_a_metric_is_kept_beside_the_newest(logdir: str, pair: Pair) -> None:
+    sv = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, save_model_secs=0, max_to_keep=2, save_summaries_secs=0,
+        keep_best=asv.KeepBest("val", mode="min"), handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        for val in (5.0, 3.0, 4.0, 6.0, 7.0):
+            await sess.run(pair.step)
+            await sess.save_checkpoint(metrics={"val": val})
+    assert on_disk(logdir) == ["model.ckpt-2", "model.ckpt-4", "model.ckpt-5"]  # 3.0, newest 2
+    records = read_records(Store(logdir))
+    assert records["model.ckpt-2"].metrics["val"] == 3.0 and records["model.ckpt-2"].healthy
+    state = tf.train.get_checkpoint_state(logdir)
+    assert [Path(p).name for p in state.all_model_checkpoint_paths] == on_disk(logdir)
+
+
+@pytest.mark.asyncio
+async def test_a_checkpoint_a_reader_holds_a_lease_on_is_not_swept(logdir: str, pair: Pair) -> None:
+    sv = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, save_model_secs=0, save_model_steps=1, max_to_keep=1,
+        save_summaries_secs=0, handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        await sess.run(pair.step)
+        hold(Store(logdir), "evaluator", "model.ckpt-1", seconds=60)  # reading it, slowly
+        for _ in range(3):
+            await sess.run(pair.step)
+    assert on_disk(logdir) == ["model.ckpt-1", "model.ckpt-4"]
+
+
+KILLED_FIT = textwrap.dedent(
+    """
+    import sys
+    import anyio, keras, numpy as np, tensorflow as tf
+    import asupervisor as asv
+
+    logdir = sys.argv[1]
+    keras.utils.set_random_seed(int(sys.argv[2]))
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(512, 16)).astype("float32")
+    y = (x[:, :4].sum(1) > 0).astype("int64")
+    noise = rng.normal(size=(256, 16)).astype("float32")
+    train = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    val = tf.data.Dataset.from_tensor_slices((noise, (noise[:, :4].sum(1) > 0).astype("int64")))
+    model = keras.Sequential([keras.Input((16,)), keras.layers.Dense(64, activation="relu"),
+                              keras.layers.Dense(2)])
+    model.build((None, 16))
+    model.compile(optimizer=keras.optimizers.Adam(0.03),
+                  loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+
+    class Report(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch, logs=None):
+            print(f"epoch {epoch} val_loss {logs['val_loss']:.6f}", flush=True)
+
+    async def main():
+        sv = asv.Supervisor(logdir, checkpoint={"model": model, "opt": model.optimizer},
+                            save_model_secs=0, save_model_steps=7, max_to_keep=1,
+                            save_summaries_secs=0, keep_best=asv.KeepBest("val_loss"))
+        async with sv.session() as sess:
+            await sess.fit(model, train, epochs=12, validation_data=val.batch(64),
+                           callbacks=[Report()], verbose=0)
+
+    anyio.run(main)
+    """
+)
+
+
+@pytest.mark.slow
+def test_the_true_best_survives_a_sigkill_and_a_resume(tmp_path: Path) -> None:
+    logdir = str(tmp_path / "run")
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    args = [sys.executable, "-c", KILLED_FIT, logdir]
+    first = subprocess.Popen([*args, "1"], stdout=subprocess.PIPE, text=True, env=env)
+    assert first.stdout is not None
+    seen: list[str] = []
+    for line in first.stdout:
+        seen.append(line)
+        if line.startswith("epoch 5 "):
+            first.kill()  # in the middle of epoch 6, after 6 epoch ends
+            break
+    first.wait(60)
+    second = subprocess.run([*args, "2"], capture_output=True, text=True, env=env, timeout=300)
+    assert second.returncode == 0, second.stderr[-3000:]
+    seen += second.stdout.splitlines()
+    vals = [float(v) for v in re.findall(r"val_loss ([\d.]+)", "".join(seen))]
+    assert len(vals) >= 12  # both runs' epochs (an epoch cut by the kill runs again)
+    records = read_records(Store(logdir))
+    kept = {n: r.metrics.get("val_loss") for n, r in records.items()}
+    best = min(vals)
+    assert any(v is not None and abs(v - best) < 1e-5 for v in kept.values()), (kept, best)
+    name = min((n for n, v in kept.items() if v is not None), key=lambda n: kept[n] or 0)
+    assert os.path.exists(os.path.join(logdir, name + ".index"))  # on disk, whole
+    print("kept:", json.dumps(kept), "best val_loss:", best)
