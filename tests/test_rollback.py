@@ -135,3 +135,36 @@ async def test_without_a_policy_a_nan_is_trained_through_as_before(logdir: str) 
         await sess.train(line.step, regression(poisoned={2}), epochs=1)
     assert math.isnan(float(line.w.numpy()))
     assert os.path.exists(logdir)
+
+
+async def test_fit_rolls_back_past_a_diverging_batch_and_goes_on(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    import keras
+    import numpy as np
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+    model.compile(optimizer=keras.optimizers.SGD(0.05), loss="mse", jit_compile=False)
+    x = np.linspace(0, 1, 80, dtype="float32").reshape(-1, 1)
+
+    def data(epoch: int) -> tf.data.Dataset:
+        xs = x.copy()
+        if epoch == 1:
+            xs[44:48] = np.nan  # batch 5 of epoch 1 diverges
+        return tf.data.Dataset.from_tensor_slices((xs, 2 * x + 1)).batch(8)  # 10 batches
+
+    sv = asv.Supervisor(
+        logdir, checkpoint={"model": model, "opt": model.optimizer}, save_model_secs=0,
+        save_model_steps=4, save_summaries_secs=0, on_divergence=asv.Rollback(),
+        handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        history = await sess.fit(model, data, epochs=3, verbose=0)
+    (back,) = named(events, "checkpoint.rolled_back")
+    assert back["diverged_at"] == 16 and back["step"] == 12 and back["data_position"] == [1, 6]
+    assert sess.data_position == (3, 0)
+    assert all(math.isfinite(v) for v in history.history["loss"])  # the epochs after it
+    assert all(
+        math.isfinite(float(w)) for w in np.concatenate([v.ravel() for v in model.get_weights()])
+    )
