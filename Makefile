@@ -25,8 +25,10 @@ fit: $(STAMP)
 multiworker: $(STAMP)
 	$(PY) examples/multiworker.py --workers 2 --logdir runs/multiworker
 
+# Two workers: most of the suite waits on TensorFlow starting in subprocesses, and on
+# a loaded machine two processes also get twice the share of the cores.
 test: $(STAMP)
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q -n 2
 
 # The model-based searches, long: hundreds of random sequences in process and across
 # real processes (the suite runs a short, fixed one).

@@ -234,7 +234,9 @@ class Retention:
         self.store.sync([])  # the rename into place is durable
 
     def _delete(self, name: str) -> None:
-        for file in self.store.files_of(name):
+        # The index first: a kill in between leaves a data file no index names (removed
+        # at the chief's next start), never an index whose data is gone.
+        for file in sorted(self.store.files_of(name), key=lambda n: not n.endswith(".index")):
             try:
                 self.store.remove(file)
             except OSError as exc:  # left behind, not fatal: the state no longer names it

@@ -17,7 +17,8 @@ class StepCounterService:
 
     The first point is written only after the session's first step, and measures
     from it: start-up and a ``tf.function``'s tracing are not training speed, and
-    before the first step there is nothing to call a stall.
+    before the first step there is nothing to call a stall. At the stop, the steps since
+    the last point get one more (a short run has a rate too).
     """
 
     name = "step_counter"
@@ -32,7 +33,9 @@ class StepCounterService:
         first_step = sess.restore_report.step  # where the session began, not this service
         last: tuple[int, float] | None = None  # (step, time) of the last point
         quiet_since = anyio.current_time()
-        while not await sess.sleep_until_stop(self.interval_secs):
+        stopping = False
+        while not stopping:
+            stopping = await sess.sleep_until_stop(self.interval_secs)
             if last is None:
                 origin = sess.first_step_done
                 if origin is None:
@@ -40,7 +43,7 @@ class StepCounterService:
                 last = (origin[0], origin[1] - time.monotonic() + anyio.current_time())
             step, now = sess.global_step, anyio.current_time()
             if step == last[0]:
-                if step != first_step:
+                if step != first_step and not stopping:
                     logger.warning("step.stalled", step=step, seconds=round(now - quiet_since, 1))
                 continue
             rate = (step - last[0]) / (now - last[1])
