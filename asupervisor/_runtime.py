@@ -35,7 +35,7 @@ from ._errors import (
 from ._lock import LeaseLock, LogdirLock, WriteGuard
 from ._log import log
 from ._loopwatch import LoopWatch
-from ._outcome import Outcome, StopReason, is_permanent
+from ._outcome import Outcome, StopReason, is_permanent, reason_of
 from ._position import Position
 from ._records import Record, finite_numbers
 from ._root import SavedRoot
@@ -169,7 +169,7 @@ class SessionRuntime:
         if self.flag.stopped or self.agreement is None:
             return
         if not self.ready:  # not started: no step has run anywhere yet
-            self.flag.set(None, reason)
+            self.flag.set(None, reason_of(reason))
             return
         try:
             self.agreement.propose(DecisionKind.STOP, reason, self.step.value)
@@ -434,8 +434,8 @@ class SessionRuntime:
                 )
                 if decision.kind is DecisionKind.SAVE:
                     self.save()
-                else:
-                    self.flag.set(None, decision.reason)
+                else:  # the library's own reason is its member again after the JSON trip
+                    self.flag.set(None, reason_of(decision.reason))
 
     def saves_done(self, *, hooks: bool) -> None:
         """Background saves whose files are on disk: their steps no longer count as
