@@ -1,6 +1,7 @@
-"""The logdir as a store: the same rules on a local directory and on an object store
-(TF's in-memory ``ram://`` file system stands in for gs:// and s3://), hostile contents
-that are skipped instead of followed, one writer per logdir."""
+"""The logdir as a store: the same rules on a local directory and on object stores (TF's
+in-memory ``ram://``, and ``gs://`` on the real GCS protocol through the emulator of
+tests/gcs_fixture.py), hostile contents that are skipped instead of followed, one writer
+per logdir."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ import tensorflow as tf
 
 import asupervisor as asv
 from tests.conftest import Pair, named, pair_supervisor
+from tests.gcs_fixture import FakeGcs
 
 
-@pytest.fixture(params=["local", "ram"])
+@pytest.fixture(params=["local", "ram", "gs"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A logdir that does not exist yet, on a local disk or on an object store."""
     if request.param == "local":
         return str(tmp_path / "run")
+    if request.param == "gs":
+        gcs: FakeGcs = request.getfixturevalue("gcs")
+        return gcs.new_path()
     return f"ram://{tmp_path.name}/run"
 
 
@@ -145,7 +150,7 @@ async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
     with pytest.raises(asv.LogdirLockedError, match="removed or"):
         async with make(where, pair).session() as sess:
             await sess.run(pair.step)
-            if where.startswith("ram://"):  # a second chief's lease replaces ours
+            if "://" in where:  # a second chief's lease replaces ours
                 lease = {"owner": "elsewhere:1:abc", "expires": time.time() + 600}
                 write(f"{where}/.asupervisor.lease", json.dumps(lease).encode())
             else:
@@ -155,11 +160,20 @@ async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
     assert steps_on_disk(where) == [0]  # nothing written after
 
 
+@pytest.fixture(params=["ram", "gs"])
+def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A logdir that does not exist yet, on an object store."""
+    if request.param == "gs":
+        gcs: FakeGcs = request.getfixturevalue("gcs")
+        return gcs.new_path()
+    return f"ram://{tmp_path.name}/run"
+
+
 @pytest.mark.asyncio
 async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
-    tmp_path: Path, events: list[dict[str, Any]]
+    object_store: str, events: list[dict[str, Any]]
 ) -> None:
-    where = f"ram://{tmp_path.name}/run"
+    where = object_store
     tf.io.gfile.makedirs(where)
     dead = {"owner": "gone:4242:dead", "expires": time.time() - 1}
     write(f"{where}/.asupervisor.lease", json.dumps(dead).encode())
@@ -170,8 +184,8 @@ async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
 
 
 @pytest.mark.asyncio
-async def test_a_live_lease_names_its_holder_and_when_it_expires(tmp_path: Path) -> None:
-    where = f"ram://{tmp_path.name}/run"
+async def test_a_live_lease_names_its_holder_and_when_it_expires(object_store: str) -> None:
+    where = object_store
     tf.io.gfile.makedirs(where)
     live = {"owner": "trainer-7:99:cafe", "expires": time.time() + 20}
     write(f"{where}/.asupervisor.lease", json.dumps(live).encode())
