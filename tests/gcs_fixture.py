@@ -39,8 +39,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import urllib.error
+import urllib.parse
 import urllib.request
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
@@ -152,11 +155,20 @@ async def _pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> N
             writer.close()
 
 
+def _delay(directory: Path) -> float:
+    """The latency the test asked for (``FakeGcs.slow``), read at each request."""
+    try:
+        return float((directory / "delay").read_text())
+    except (OSError, ValueError):
+        return 0.0
+
+
 async def _forward_requests(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, requests: BinaryIO
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, directory: Path, log: BinaryIO
 ) -> None:
-    """Copy HTTP/1.1 requests one by one, each head with ``X-Forwarded-Proto: https``;
-    each request's line is logged to ``requests`` with its body's length."""
+    """Copy HTTP/1.1 requests one by one, each head with ``X-Forwarded-Proto: https``,
+    after the latency asked for; each request's line goes to ``log`` with its body's
+    length as soon as it comes in."""
     try:
         while True:
             try:
@@ -171,9 +183,11 @@ async def _forward_requests(
             # TF's empty uploads (makedirs) say "Transfer-Encoding: identity", which means
             # no encoding at all: Google's front end takes it, Go's server refuses it.
             kept = [line for line in lines if line.lower() != b"transfer-encoding: identity"]
-            writer.write(b"\r\n".join([*kept, b"X-Forwarded-Proto: https"]) + b"\r\n\r\n")
             length = fields.get(b"content-length", b"-")
-            requests.write(lines[0].rsplit(b" ", 1)[0] + b" " + length + b"\n")
+            log.write(lines[0].rsplit(b" ", 1)[0] + b" " + length + b"\n")
+            if delay := _delay(directory):
+                await asyncio.sleep(delay)
+            writer.write(b"\r\n".join([*kept, b"X-Forwarded-Proto: https"]) + b"\r\n\r\n")
             if b"chunked" in fields.get(b"transfer-encoding", b"").lower():
                 while True:
                     size_line = await reader.readuntil(b"\r\n")
@@ -203,8 +217,9 @@ async def _forward_requests(
             writer.close()
 
 
-async def serve(emulator_port: int, cert: Path, key: Path, requests: BinaryIO) -> None:
+async def serve(emulator_port: int, directory: Path, log: BinaryIO) -> None:
     """Listen on a loopback port, print it, and serve until killed."""
+    cert, key = directory / "leaf.pem", directory / "leaf.key"
     context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
     context.load_cert_chain(cert, key)
 
@@ -215,7 +230,7 @@ async def serve(emulator_port: int, cert: Path, key: Path, requests: BinaryIO) -
             writer.close()
             return
         await asyncio.gather(
-            _forward_requests(reader, up_writer, requests), _pipe(up_reader, writer)
+            _forward_requests(reader, up_writer, directory, log), _pipe(up_reader, writer)
         )
 
     # TLS is ended by a listener of its own, which the CONNECT tunnel is piped to: the
@@ -272,14 +287,14 @@ class FakeGcs:
         return self
 
     def _start(self) -> None:
-        ca, cert, key = make_certificates(self.directory)
+        ca, _, _ = make_certificates(self.directory)
         self.emulator_port = free_port()
         emulator = [str(binary()), "-backend", "memory", "-scheme", "http", "-log-level",
                     "error", "-host", "127.0.0.1", "-port", str(self.emulator_port)]  # fmt: skip
         with open(self.directory / "emulator.log", "wb") as log:
             self._processes.append(subprocess.Popen(emulator, stdout=log, stderr=subprocess.STDOUT))
         command = [sys.executable, "-m", "tests.gcs_fixture", str(self.emulator_port),
-                   str(cert), str(key), str(self.requests)]  # fmt: skip
+                   str(self.directory)]  # fmt: skip
         with open(self.directory / "proxy.log", "wb") as log:
             proxy = subprocess.Popen(
                 command, cwd=Path(__file__).parents[1], stdout=subprocess.PIPE, stderr=log
@@ -323,6 +338,46 @@ class FakeGcs:
         """A ``gs://`` path no other caller has: a fresh prefix in the bucket."""
         return f"gs://{BUCKET}/{uuid.uuid4().hex[:12]}/{name}"
 
+    @contextlib.contextmanager
+    def slow(self, seconds: float) -> Iterator[None]:
+        """Every request waits ``seconds`` in the proxy before it reaches the emulator:
+        a store far away, or under load."""
+        (self.directory / "delay").write_text(str(seconds))
+        try:
+            yield
+        finally:
+            (self.directory / "delay").unlink()
+
+    def requests_seen(self) -> list[str]:
+        """Every request so far, one line each: method, path and query, body length."""
+        return self.requests.read_text(errors="replace").splitlines()
+
+    def put(self, path: str, data: bytes) -> None:
+        """Write the object at ``gs://`` ``path`` straight into the emulator, past this
+        process's TF caches: as another process, on another host, would."""
+        bucket, _, name = path.removeprefix("gs://").partition("/")
+        query = urllib.parse.urlencode({"uploadType": "media", "name": name})
+        request = urllib.request.Request(
+            self._emulator_url(f"/upload/storage/v1/b/{bucket}/o?{query}"), data=data,
+            method="POST",
+        )  # fmt: skip
+        with urllib.request.urlopen(request, timeout=30):
+            pass
+
+    def stored(self, path: str) -> bytes | None:
+        """The object at ``gs://`` ``path`` as the emulator holds it now (``None`` if there
+        is none), past this process's TF caches."""
+        bucket, _, name = path.removeprefix("gs://").partition("/")
+        quoted = urllib.parse.quote(name, safe="")
+        url = self._emulator_url(f"/storage/v1/b/{bucket}/o/{quoted}?alt=media")
+        try:
+            with urllib.request.urlopen(url, timeout=30) as response:
+                return bytes(response.read())
+        except urllib.error.HTTPError as exc:
+            if exc.code == 404:
+                return None
+            raise
+
     def apply(self) -> None:
         """Put ``env`` into this process's environment."""
         os.environ.update(self.env)
@@ -360,9 +415,8 @@ class FakeGcs:
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description="the CONNECT proxy of tests/gcs_fixture.py")
     parser.add_argument("emulator_port", type=int)
-    parser.add_argument("cert", type=Path)
-    parser.add_argument("key", type=Path)
-    parser.add_argument("requests", type=Path, help="a log of the requests, one a line")
+    parser.add_argument("directory", type=Path, help="the fixture's: certificate, logs, delay")
     args = parser.parse_args()
-    with contextlib.suppress(KeyboardInterrupt), open(args.requests, "ab", buffering=0) as log:
-        asyncio.run(serve(args.emulator_port, args.cert, args.key, log))
+    requests = args.directory / "requests.log"
+    with contextlib.suppress(KeyboardInterrupt), open(requests, "ab", buffering=0) as log:
+        asyncio.run(serve(args.emulator_port, args.directory, log))
