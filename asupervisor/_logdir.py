@@ -25,17 +25,32 @@ def is_own(path: str, basename: str) -> bool:
 
 
 def remove_unfinished(store: Store, basename: str) -> list[str]:
-    """Remove the temp directories of saves that never finished (a kill mid-save).
+    """Remove what saves that never finished left (a kill mid-save): their temp
+    directories, and data files of the supervisor's own whose index never came (TF
+    renames a checkpoint's data into place before it writes the index).
 
     Only a chief holding the logdir lock calls this, so no save of its own is
-    under way; the finished checkpoints are never touched.
+    under way; the finished checkpoints are never touched, nor any file of a
+    checkpoint the state file names (one whose index is lost is damaged: reported).
     """
-    pattern = re.compile(re.escape(basename) + r"-\d+_temp$")
+    temp = re.compile(re.escape(basename) + r"-\d+_temp$")
+    data = re.compile("(" + re.escape(basename) + r"-\d+)\.data-\d+-of-\d+$")
+    names = store.names()
+    try:
+        state = read_state(store)
+        listed = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
+    except (OSError, ValueError, UnicodeDecodeError):
+        listed = []  # a damaged state file names nothing we can read: indexes decide
+    named = {store.name_of(p) for p in listed if p}
     removed = []
-    for name in store.names():
-        if pattern.match(name) and store.kind(name) == "dir":
+    for name in names:
+        if temp.match(name) and store.kind(name) == "dir":
             store.remove_tree(name)
             removed.append(name)
+        elif (m := data.match(name)) and m[1] + ".index" not in names and m[1] not in named:
+            if store.kind(name) == "file":
+                store.remove(name)
+                removed.append(name)
     return removed
 
 

@@ -134,6 +134,35 @@ async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None
 
 
 @pytest.mark.asyncio
+async def test_data_without_an_index_is_removed_at_a_chiefs_start_on_the_store(
+    where: str, events: list[dict[str, Any]]
+) -> None:
+    """A kill between TF's rename of a checkpoint's data and the upload of its index
+    leaves data no index names. The chief removes its own (never another tool's, never
+    one the state file names) at start, as it removes unfinished ``*_temp`` saves."""
+    await train(where, 4)  # 0, 2, 4
+    data = "data-00000-of-00001"
+    with tf.io.gfile.GFile(f"{where}/model.ckpt-4.{data}", "rb") as f:
+        content = f.read()
+    for name in (f"model.ckpt-6.{data}", f"ckpt-3.{data}", f"model.ckpt-7.{data}.bak"):
+        write(f"{where}/{name}", content)
+    tf.io.gfile.remove(f"{where}/model.ckpt-2.index")  # named by the state file: kept
+    pair = Pair()
+    async with make(where, pair).session() as sess:
+        assert sess.restore_report.step == 4
+    left = sorted(n for n in tf.io.gfile.listdir(where) if data in n)
+    assert left == [
+        f"ckpt-3.{data}",
+        f"model.ckpt-0.{data}",
+        f"model.ckpt-2.{data}",
+        f"model.ckpt-4.{data}",
+        f"model.ckpt-7.{data}.bak",
+    ]
+    (removed,) = named(events, "checkpoint.unfinished_removed")
+    assert removed["paths"] == [f"model.ckpt-6.{data}"]
+
+
+@pytest.mark.asyncio
 async def test_a_second_chief_is_refused_on_the_store(where: str) -> None:
     pair = Pair()
     async with make(where, pair).session():
