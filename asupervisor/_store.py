@@ -39,6 +39,18 @@ def is_object_store(path: str) -> bool:
     return "://" in path and not path.startswith("file://")
 
 
+def no_file_system(path: str) -> str:
+    """Why ``path`` cannot be a logdir when TF has no file system for its scheme, and
+    what can be one instead."""
+    scheme = path.split("://")[0]
+    why = f"logdir {path!r}: TensorFlow has no file system for {scheme}://"
+    if scheme == "s3":
+        # tensorflow-io brought s3:// to TF; its last release is built for TF < 2.17
+        # and its libraries fail to load on later TF (undefined symbols).
+        why += " (tensorflow-io, which had it, does not load on TensorFlow 2.17 or later)"
+    return why + "; use a local or mounted path (the bucket mounted with FUSE, NFS), or gs://"
+
+
 class Store:
     """The files directly inside one logdir."""
 
