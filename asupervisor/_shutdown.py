@@ -41,7 +41,7 @@ async def close(rt: SessionRuntime) -> None:
         done = await _off_loop(checkpointer.wait_for_write, wait, wait)
         if not done and rt.flag.error is None:
             log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
-    rt.guard.close()
+    await anyio.to_thread.run_sync(rt.guard.close)  # bounded; a lease release is store I/O
     if rt.stuck is None and not rt.interrupted:
         await _off_loop(rt.thread.join, wait, wait)
     rt.phase = Phase.CLOSED
