@@ -5,6 +5,7 @@ chiefs racing, and the schemes TensorFlow does not have."""
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import re
 import threading
@@ -142,8 +143,36 @@ async def test_the_lease_is_released_off_the_event_loop(gcs: FakeGcs) -> None:
             tg.cancel_scope.cancel()
     assert gcs.stored(f"{where}/{LEASE}") is None  # released
     during = [t for t in ticks if t >= started] + [ended]
-    stall = max(b - a for a, b in zip(during, during[1:]))
+    stall = max(b - a for a, b in itertools.pairwise(during))
     assert stall < 2 * delay, f"the loop stalled {stall:.2f} s while the session closed"
+
+
+# -- the events file --------------------------------------------------------------------
+
+
+@pytest.mark.asyncio
+async def test_summaries_inside_steps_upload_the_events_file_on_time_not_per_events(
+    gcs: FakeGcs,
+) -> None:
+    """An object cannot be appended to: each flush uploads the whole events file again.
+    TF's writer flushes every 10 events (here 30 times); the session's, on time only."""
+    where = gcs.new_path()
+    seen = len(gcs.requests_seen())
+
+    def step() -> None:
+        for i in range(10):
+            tf.summary.scalar(f"tag{i}", 1.0)
+
+    sv = pair_supervisor(where, Pair(), save_model_steps=None)
+    async with sv.session() as sess:
+        for _ in range(30):
+            await sess.run(step)
+    uploads = [r for r in gcs.requests_seen()[seen:] if r.startswith("PUT ") and "tfevents" in r]
+    assert 1 <= len(uploads) <= 3, uploads  # made, closed (and a 2-minute flush, if slow)
+    (name,) = [n for n in tf.io.gfile.listdir(where) if n.startswith("events.out.tfevents.")]
+    records = tf.data.TFRecordDataset(f"{where}/{name}")
+    values = [v for r in records for v in tf.compat.v1.Event.FromString(r.numpy()).summary.value]
+    assert len([v for v in values if v.tag.startswith("tag")]) == 300  # every point is there
 
 
 # -- a kill in the middle of a save, and two chiefs at once (subprocesses) ----------
