@@ -39,8 +39,8 @@ def remove_unfinished(store: Store, basename: str) -> list[str]:
     try:
         state = read_state(store)
         listed = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
-    except (OSError, ValueError, UnicodeDecodeError):
-        listed = []  # a damaged state file names nothing we can read: indexes decide
+    except Exception:  # damaged (any parse error): it names nothing we can read
+        listed = []
     named = {store.name_of(p) for p in listed if p}
     removed = []
     for name in names:
