@@ -105,6 +105,7 @@ async def test_retention_never_deletes_outside_the_logdir_on_the_store(where: st
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["local", "ram"], indirect=True)  # gs://: the same parse
 @pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00garbage\x80"], ids=["empty", "bytes"])
 async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
     where: str, content: bytes
@@ -120,6 +121,7 @@ async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["local", "ram"], indirect=True)  # gs://: as ram://
 async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None:
     await train(where, 8)  # saves at 0, 2, 4, 6, 8
     # As if killed after writing 8 but before the state file named it; 2 lost the same way.
