@@ -51,6 +51,16 @@ def gcs(gcs_server: FakeGcs, monkeypatch: pytest.MonkeyPatch) -> FakeGcs:
     return gcs_server
 
 
+@pytest.fixture(params=["ram", "gs"])
+def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A logdir that does not exist yet, on an object store: TF's in-memory ``ram://``,
+    and ``gs://`` through the emulator."""
+    if request.param == "gs":
+        gcs: FakeGcs = request.getfixturevalue("gcs")
+        return gcs.new_path()
+    return f"ram://{tmp_path.name}/run"
+
+
 @pytest.fixture
 def events() -> Iterator[list[dict[str, Any]]]:
     """The library's structured log events, captured."""

@@ -31,14 +31,6 @@ def lease_of(owner: str, seconds: float) -> bytes:
     return json.dumps({"owner": owner, "expires": time.time() + seconds}).encode()
 
 
-@pytest.fixture(params=["ram", "gs"])
-def object_store(request: pytest.FixtureRequest, tmp_path: Any) -> str:
-    if request.param == "gs":
-        gcs: FakeGcs = request.getfixturevalue("gcs")
-        return gcs.new_path()
-    return f"ram://{tmp_path.name}/run"
-
-
 # -- the lease against TF's stat cache (TF's default caches: this process's) ---------
 
 

@@ -191,15 +191,6 @@ async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
     assert steps_on_disk(where) == [0]  # nothing written after
 
 
-@pytest.fixture(params=["ram", "gs"])
-def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    """A logdir that does not exist yet, on an object store."""
-    if request.param == "gs":
-        gcs: FakeGcs = request.getfixturevalue("gcs")
-        return gcs.new_path()
-    return f"ram://{tmp_path.name}/run"
-
-
 @pytest.mark.asyncio
 async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
     object_store: str, events: list[dict[str, Any]]
