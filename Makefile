@@ -8,7 +8,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo fit multiworker test lint bench clean
+.PHONY: demo fit multiworker test fuzz lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -27,6 +27,11 @@ multiworker: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+
+# The model-based searches, long: hundreds of random sequences in process and across
+# real processes (the suite runs a short, fixed one).
+fuzz: $(STAMP)
+	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/peers.py

@@ -7,7 +7,7 @@ private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
 
 from __future__ import annotations
 
-from ._checkpoints import RestoreReport
+from ._checkpoints import RestoreReport, RestoreSource
 from ._coordinator import Coordinator
 from ._errors import (
     CheckpointMismatchError,
@@ -15,14 +15,17 @@ from ._errors import (
     GracePeriodExpired,
     LogdirLockedError,
     NanLossError,
+    SessionClosed,
     SessionStopped,
     StepTimeout,
     SupervisorError,
     WaitTimeout,
 )
+from ._exit import exit_status, run
 from ._hooks import Hook, RunContext
 from ._log import EventLogger
 from ._log import log as logger
+from ._outcome import Outcome, StopReason
 from ._services import Service
 from ._session import ManagedSession
 from ._supervisor import Supervisor
@@ -39,17 +42,23 @@ __all__ = [
     "LogdirLockedError",
     "ManagedSession",
     "NanLossError",
+    "Outcome",
     "RestoreReport",
+    "RestoreSource",
     "RunContext",
     "Service",
+    "SessionClosed",
     "SessionStopped",
     "StepTimeout",
+    "StopReason",
     "Supervisor",
     "SupervisorError",
     "WaitTimeout",
     "__version__",
+    "exit_status",
     "hooks",
     "logger",
+    "run",
     "services",
 ]
 
@@ -57,7 +66,7 @@ __all__ = [
 # module it is defined in (tracebacks, reprs and docs show this name).
 for _name in __all__:
     _obj = globals().get(_name)
-    if isinstance(_obj, type):
+    if isinstance(_obj, type) or callable(_obj):
         _obj.__module__ = __name__
 del _name, _obj, annotations  # the __future__ import is not part of the API
 

@@ -8,36 +8,38 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import enum
 import os
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any
 
 from . import _async_save
 from ._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
 from ._lock import WriteGuard
 from ._log import log
 from ._logdir import (
-    STATE,
     checkpoint_bytes,
     checkpoint_problem,
     files_problem,
     is_own,
     list_checkpoints,
-    read_state,
+    listed_without_files,
+    own_order,
     skip_state_file,
 )
+from ._position import FIT_STATE
 from ._position import NAME as POSITION
-from ._root import without
+from ._retention import Retention
+from ._root import GLOBAL_STEP, SavedRoot
 from ._store import Store
 from ._verify import shape_differences, top_level_differences, verify_checkpoint
 from ._worker import Fenced
 
 if TYPE_CHECKING:
-    import tensorflow as tf
+    pass
 
 MAX_CONSECUTIVE_FAILURES = 3
 VANISHED_RETRIES = 100  # passes over the logdir while the chief's sweep removes what we chose
@@ -55,12 +57,24 @@ def _vanished(exc: BaseException) -> bool:
     return isinstance(exc, (tf.errors.NotFoundError, FileNotFoundError))
 
 
+class RestoreSource(str, enum.Enum):
+    """Where a session's state came from. A ``str``: ``source == "checkpoint"`` holds."""
+
+    CHECKPOINT = "checkpoint"
+    INIT_FN = "init_fn"
+    FRESH = "fresh"
+    INTERRUPTED = "interrupted"
+    """A stop came before anything was restored; nothing trains or is saved."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
 @dataclass(frozen=True)
 class RestoreReport:
     """How a session began."""
 
-    source: Literal["checkpoint", "init_fn", "fresh", "interrupted"]
-    """"interrupted": a stop came before anything was restored; nothing trains or is saved."""
+    source: RestoreSource
     path: str | None
     step: int
     skipped: tuple[tuple[str, str], ...] = ()
@@ -68,7 +82,7 @@ class RestoreReport:
 
 
 class Checkpointer:
-    """Saves and restores one ``tf.train.Checkpoint`` in a logdir.
+    """Saves and restores one session's root in a logdir.
 
     Every save enters the session's ``WriteGuard`` first: once the session has
     closed, a thread it abandoned cannot write into the logdir any more.
@@ -76,7 +90,7 @@ class Checkpointer:
 
     def __init__(
         self,
-        checkpoint: tf.train.Checkpoint,
+        root: SavedRoot,
         directory: str,
         *,
         basename: str,
@@ -84,58 +98,34 @@ class Checkpointer:
         keep_checkpoint_every_n_hours: float | None,
         async_write: bool = False,
         guard: WriteGuard | None = None,
+        on_fatal: Callable[[BaseException], None] | None = None,
+        durable: bool = True,
     ) -> None:
-        import tensorflow as tf
-
-        self.checkpoint = checkpoint
-        # Made now, not by the first restore: a restore that fails half way (its files
-        # swept meanwhile) would leave the counter waiting for that checkpoint's value,
-        # and the next restore, of another checkpoint, would fail on it.
-        _ = checkpoint.save_counter
+        self.root = root
         self.directory = directory
         self.store = store = Store(directory)
+        self.basename = basename
+        self.guard = guard or WriteGuard(None)
+        self.retention = Retention(store, basename, max_to_keep, keep_checkpoint_every_n_hours)
         self.damaged_state: tuple[str, str] | None = None  # (state file, why it was skipped)
-
-        def manager(where: str) -> tf.train.CheckpointManager:
-            # A new manager reads the `checkpoint` state file as it is now on disk.
-            made = tf.train.CheckpointManager(
-                checkpoint,
-                where,
-                max_to_keep=max_to_keep,
-                keep_checkpoint_every_n_hours=keep_checkpoint_every_n_hours,
-                checkpoint_name=basename,
-            )
-            # Checkpoints the state file names that the supervisor did not write, or
-            # not in this directory (`../victim/model.ckpt-5`): never swept by retention.
-            inside = Store(where).name_of
-            for listed in list(made._maybe_delete):
-                if inside(listed) is None or not is_own(listed, basename):
-                    del made._maybe_delete[listed]
-            return made
-
-        self._new_manager = manager
         try:
-            read_state(store)  # bounded, never blocking: before TF's reader sees it
-            self.manager = manager(directory)
+            self.retention.load()  # bounded, never blocking: a FIFO is damage, not a hang
         except Exception as exc:  # an unreadable state file: skipped, like a damaged checkpoint
             # Only the chief (the one with a guard over the logdir) moves a file there.
             self.damaged_state = skip_state_file(store, exc, move=guard is not None)
-            self.manager = manager(directory if guard is not None else tempfile.mkdtemp())
-        self.basename = basename
         self.restore_status: Any = None
-        self.guard = guard or WriteGuard(None)
-        self.last_saved_step: int | None = None
-        self.last_good_step: int | None = None  # the newest step saved (or restored) whole
-        self.last_saved_at: float | None = None  # time.monotonic() of the last save
+        self.last_saved_step: int | None = None  # the newest step saved (or restored) whole
+        self.last_saved_at: float | None = None  # time.monotonic() of that save (None: restored)
         self.failures = 0
         self.async_write = async_write
+        self.durable = durable  # fsync each save before the state file names it
         self._writer: threading.Thread | None = None
+        self.writing: str | None = None  # the path of the background write in flight
+        self.writing_step: int | None = None
         # Saves whose files are on disk, for after_save hooks on the training thread.
-        self.completed: collections.deque[tuple[int, str]] = collections.deque()
-        # How a failure on the writer thread stops training (set by the session).
-        self.on_fatal: Callable[[BaseException], None] | None = None
+        self.completed: collections.deque[tuple[int, str, int]] = collections.deque()
+        self._on_fatal = on_fatal  # how a failure on the writer thread stops training
         self.fatal: CheckpointSaveError | LogdirLockedError | None = None
-        self.durable = True  # fsync each save before the state file names it
         self._verified: dict[tuple[str, float | None], bool] = {}  # for good_exists()
 
     def candidates(self) -> list[str]:
@@ -162,6 +152,7 @@ class Checkpointer:
         wrong logdir, not damage, and no older checkpoint would fix it.
         """
         skipped: list[tuple[str, str]] = [self.damaged_state] if self.damaged_state else []
+        skipped += [(p, "its .index file is gone") for p in listed_without_files(self.store)]
         failed: set[str] = set()  # failed once while the logdir changed: damage if again
         for _ in range(VANISHED_RETRIES):
             path, vanished = self._restore_first_good(skipped, failed)
@@ -195,9 +186,8 @@ class Checkpointer:
                     log.info("checkpoint.vanished", path=path, reason=problem)
                     return None, True  # listed again: newer ones first
             if problem is None:
-                chief = self.guard.lock is not None
-                if chief and is_own(path, self.basename) and not self._state_names(path):
-                    self._rebuild_state(path)  # the chief commits what it restored
+                if self.guard.lock is not None and is_own(path, self.basename):
+                    self._commit_restored(path)
                 return path, False
             if path not in (p for p, _ in skipped):  # once, however many passes
                 log.warning("checkpoint.fallback", skipped=path, reason=problem)
@@ -225,65 +215,75 @@ class Checkpointer:
         except OSError:
             return None
 
-    def _own_up_to(self, restored: str) -> list[str]:
-        """The supervisor's checkpoints on disk up to ``restored``, oldest first."""
-        own = [p for p in reversed(self.candidates()) if is_own(p, self.basename)]
-        return own[: own.index(restored) + 1] if restored in own else [restored]
+    def _commit_restored(self, restored: str) -> None:
+        """The chief commits what it restored when the state file does not name it as the
+        latest (a kill came between its files and the state file, or the state file was
+        damaged): it and the checkpoints before it that the state file does not list (a
+        kill in the middle of a sweep leaves those) are listed, so that
+        ``tf.train.latest_checkpoint`` agrees and retention counts them. Unlisted ones
+        that ``keep_checkpoint_every_n_hours`` may have kept stay unlisted."""
+        retention, store = self.retention, self.store
+        name = store.name_of(restored)
+        if name is None or name == retention.latest:
+            return
+        listed = retention.names()
+        own = [
+            n
+            for p in reversed(self.candidates())
+            if (n := store.name_of(p)) is not None and is_own(n, self.basename)
+        ]
+        upto = own[: own.index(name) + 1] if name in own else [name]
+        fresh = [n for n in upto if n not in listed and not self._maybe_preserved(n)]
+        if name not in fresh:  # listed already, not as the latest: only the latest moves
+            fresh.append(name)
+        retention.adopt(fresh)
 
-    def _state_names(self, restored: str) -> bool:
-        """Whether the state file names ``restored`` as the latest and lists every
-        checkpoint of ours on disk before it (no orphans that retention would miss)."""
-        name = self.store.name_of
-        listed = [name(p) for p in self.manager._maybe_delete]
-        wanted = [name(p) for p in self._own_up_to(restored)]
-        latest = self.manager.latest_checkpoint
-        return latest is not None and name(latest) == wanted[-1] and listed == wanted
+    def _maybe_preserved(self, name: str) -> bool:
+        """Whether ``keep_checkpoint_every_n_hours`` may have kept ``name``: written no
+        later than the last one it kept (a file system without times: when it is on)."""
+        retention = self.retention
+        written = self.store.mtime(name + ".index")
+        if written <= 0:
+            return retention.keep_every_n_hours is not None
+        return written <= retention.last_preserved
 
-    def _rebuild_state(self, restored: str) -> None:
-        """A state file that names the restored checkpoint as the latest and the older
-        ones on disk (orphans of killed runs, or after a damaged state file was put
-        aside), so that ``tf.train.latest_checkpoint`` agrees and retention counts them."""
-        import tensorflow as tf
-
-        older = self._own_up_to(restored)
-        # The manager reads back only the paths that have timestamps: those of the files.
-        stamps = [self.store.mtime(os.path.basename(p) + ".index") for p in older]
-        tf.compat.v1.train.update_checkpoint_state(
-            self.directory,
-            restored,
-            all_model_checkpoint_paths=older,
-            all_model_checkpoint_timestamps=stamps,
-            last_preserved_timestamp=min(stamps) - 1,  # none of these is "preserved"
-        )
-        self.store.sync([STATE])
-        self.manager = self._new_manager(self.directory)
+    def latest_committed(self) -> str | None:
+        """The checkpoint the state file names as the latest (a full path), or ``None``."""
+        latest = self.retention.latest
+        return None if latest is None else self.store.path(latest)
 
     def restore(self, path: str) -> None:
-        """Restore ``path`` into the checkpoint's objects, or raise CheckpointMismatchError.
+        """Restore ``path`` into the root's objects, or raise CheckpointMismatchError.
 
         A checkpoint the supervisor did not write (``tf.train.CheckpointManager``'s
         ``ckpt-1``, ``Checkpoint.save``) may lack the global step: that is a migration,
         and the step stays as it is. ``restore_status`` is kept for ``unrestored()``.
         """
-        missing, unexpected = top_level_differences(self.checkpoint, path)
+        children = self.root.children()
+        missing, unexpected = top_level_differences(children, path)
         # What an older or another tool's checkpoint may lack: restored without it.
-        optional = {POSITION} if is_own(path, self.basename) else {POSITION, "global_step"}
+        optional = {POSITION, FIT_STATE}
+        if not is_own(path, self.basename):
+            optional.add(GLOBAL_STEP)
         absent = [name for name in missing if name in optional]
         missing = [name for name in missing if name not in optional]
-        if missing or unexpected:
+        # Only extra names: the user's checkpoint may be given them later (TF restores an
+        # attribute assigned after the restore then); if none takes them by the end of the
+        # first step, the session says so (SessionRuntime.check_deferred).
+        if missing:
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: "
                 f"the model has {missing or 'nothing'} that the checkpoint lacks; "
                 f"the checkpoint has {unexpected or 'nothing'} that the model lacks"
             )
-        shapes = shape_differences(self.checkpoint, path)
+        shapes = shape_differences(children, path)
         if shapes:
             raise CheckpointMismatchError(
                 f"checkpoint {path} does not match the objects being restored: " + "; ".join(shapes)
             )
-        root = self.checkpoint if not absent else without(self.checkpoint, absent)
+        root = self.root.checkpoint if not absent else self.root.without(absent)
         try:
-            status = root.restore(path)
+            status = root.read(path)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError) as exc:  # missing objects; shapes that differ
             raise CheckpointMismatchError(
@@ -291,26 +291,37 @@ class Checkpointer:
             ) from exc
         self.restore_status = status
 
-    def _prefix_at(self, step: int) -> str:
-        """The path prefix the manager gives the checkpoint at ``step``."""
-        return f"{self.manager._prefix}-{step}"
+    def restored(self, path: str) -> None:
+        """The session restored ``path``: it is the last good checkpoint (of unknown time)."""
+        order = own_order(path, self.basename)
+        if order is not None:
+            self.last_saved_step, self.last_saved_at = order[0], None
 
-    def _sync_new(self, prefix: str) -> None:
-        self.store.sync(self.store.files_of(os.path.basename(prefix)))
+    def take_restore_status(self) -> Any:
+        """What the restore left to take, once: for the check after the first step."""
+        status, self.restore_status = self.restore_status, None
+        return status
 
-    def save(self, step: int, *, force: bool = False, final: bool = False) -> str | None:
-        """Save at ``step``; ``None`` if a checkpoint for it exists or the save failed.
+    def _sync_new(self, name: str) -> None:
+        self.store.sync(self.store.files_of(name))
+
+    def save(
+        self, step: int, *, force: bool = False, final: bool = False, tag: int = 0
+    ) -> str | None:
+        """Save at ``step``; ``None`` if a checkpoint for it exists, the save failed, or
+        its files are written in the background (``completed`` gets ``(step, path,
+        tag)`` once they are on disk).
 
         ``force``: save even if this step was saved already (steps ran since without
-        advancing it); the new files replace the old ones of the same number.
-        A failed save is logged and leaves every earlier checkpoint as it was; the
-        third failure in a row raises ``CheckpointSaveError``, and so does a failed
-        ``final`` save, which has no next trigger to try again.
+        advancing it): the new checkpoint is written *beside* the old one, under a name
+        of its own, never over it. A failed save is logged and leaves every earlier
+        checkpoint as it was; the third failure in a row raises ``CheckpointSaveError``,
+        and so does a failed ``final`` save, which has no next trigger to try again.
         """
-        if step == self.last_saved_step and not force:
+        if not force and step in (self.last_saved_step, self.writing_step):
             return None
         if self.async_write:
-            self._save_async(step)
+            self._save_async(step, tag)
             if final:
                 self.wait_for_write()
                 if self.fatal is not None or self.last_saved_step != step:
@@ -318,20 +329,13 @@ class Checkpointer:
                         f"the final checkpoint at step {step} was not written"
                     )
             return None
-        import tensorflow as tf
-
         started = time.perf_counter()
-        # Runs after the files are written and before TF points the state file at
-        # them: the data must be on disk first, or a machine crash could leave a
-        # state file naming files that never reached the disk.
-        callbacks = [self._sync_new] if self.durable else []
-        options = tf.train.CheckpointOptions(experimental_write_callbacks=callbacks)
         try:
-            name = os.path.basename(self._prefix_at(step))
-            with self.guard.writing(), self.store.writing_back(name):
-                path: str = self.manager.save(checkpoint_number=step, options=options)
-                if self.durable:
-                    self.store.sync([STATE])
+            with self.guard.writing():
+                name = self.retention.next_name(step)
+                with self.store.writing_back(name):
+                    self.root.checkpoint.write(self.store.path(name))
+                self._commit(name)
         except (Fenced, LogdirLockedError):
             raise  # not a failed write: this session may not write here any more
         except Exception as exc:
@@ -340,14 +344,20 @@ class Checkpointer:
                 raise fatal from exc
             return None
         seconds = time.perf_counter() - started
+        path = self.store.path(name)
         self._saved(step, path, seconds, seconds)
         return path
+
+    def _commit(self, name: str) -> None:
+        """Files on disk first (fsynced), then the state file names them, then retention."""
+        if self.durable:
+            self._sync_new(name)
+        self.retention.commit(name)
 
     def _failed(self, step: int, exc: Exception, *, final: bool) -> CheckpointSaveError | None:
         """Log a failed save; the error to stop training with on the third in a row,
         or at once for the final save."""
         self.failures += 1
-        self.last_saved_step = None  # the next trigger tries again
         log.error(
             "checkpoint.failed",
             step=step,
@@ -358,20 +368,20 @@ class Checkpointer:
         if final:
             return CheckpointSaveError(
                 f"the final checkpoint at step {step} could not be written, so the "
-                f"steps since the last good checkpoint ({self.manager.latest_checkpoint}) "
+                f"steps since the last good checkpoint ({self.latest_committed()}) "
                 f"are not on disk; error: {type(exc).__name__}: {exc}"
             )
         if self.failures < MAX_CONSECUTIVE_FAILURES:
             return None
         return CheckpointSaveError(
             f"{self.failures} checkpoint saves in a row failed (full disk? no "
-            f"permission?); the last good checkpoint is {self.manager.latest_checkpoint}; "
+            f"permission?); the last good checkpoint is {self.latest_committed()}; "
             f"last error: {type(exc).__name__}: {exc}"
         )
 
     def _saved(self, step: int, path: str, seconds: float, blocked: float) -> None:
         self.failures = 0
-        self.last_saved_step = self.last_good_step = step
+        self.last_saved_step = step
         self.last_saved_at = time.monotonic()
         log.info(
             "checkpoint.saved",
@@ -384,52 +394,61 @@ class Checkpointer:
 
     # -- asynchronous writes ---------------------------------------------------
 
-    def _save_async(self, step: int) -> None:
+    def _save_async(self, step: int, tag: int) -> None:
         """Training thread: snapshot now, write in the background (one write at a time)."""
         started = time.perf_counter()
         self.wait_for_write()
         if self.fatal is not None:
             return  # saving has failed for good; training is being stopped
         with self.guard.writing():  # closed, or the lock lost: raised here, on the thread
-            pass
-        snapshot = _async_save.take_snapshot(self.checkpoint)
+            name = self.retention.next_name(step)
+        snapshot = _async_save.take_snapshot(self.root.checkpoint)
         held = time.perf_counter() - started
-        self.last_saved_step = step
-        prefix = self._prefix_at(step)
+        self.writing, self.writing_step = self.store.path(name), step
         self._writer = threading.Thread(
             target=self._write,
-            args=(snapshot, prefix, step, started, held),
+            args=(snapshot, name, step, tag, started, held),
             name="asupervisor-checkpoint-writer",
             daemon=True,
         )
         self._writer.start()
 
-    def _write(self, snapshot: Any, prefix: str, step: int, started: float, held: float) -> None:
+    def _write(
+        self, snapshot: Any, name: str, step: int, tag: int, started: float, held: float
+    ) -> None:
         """Writer thread: files, fsync, then the state file; failures are reported."""
         set_priority(threading.get_native_id(), 19)
         try:
+            self._write_files(snapshot, name, step, tag, started, held)
+        finally:
+            self.writing = self.writing_step = None
+
+    def _write_files(
+        self, snapshot: Any, name: str, step: int, tag: int, started: float, held: float
+    ) -> None:
+        try:
             with self.guard.writing():
-                with self.store.writing_back(os.path.basename(prefix)):
-                    _async_save.write_snapshot(snapshot, prefix)
-                self._sync_new(prefix)
-                _async_save.commit(self.manager, prefix)
-                self.store.sync([STATE])
+                with self.store.writing_back(name):
+                    _async_save.write_snapshot(snapshot, self.store.path(name))
+                self._commit(name)
         except LogdirLockedError as exc:
-            self.fatal = exc
-            if self.on_fatal is not None:
-                self.on_fatal(exc)
+            self._fail_for_good(exc)
             return
         except Exception as exc:
             fatal = self._failed(step, exc, final=False)
             if fatal is not None:
                 fatal.__cause__ = exc
-                self.fatal = fatal
-                if self.on_fatal is not None:
-                    self.on_fatal(fatal)
+                self._fail_for_good(fatal)
             return
         del snapshot  # the shared buffers can go: later updates need not copy them
-        self._saved(step, prefix, time.perf_counter() - started, held)
-        self.completed.append((step, prefix))
+        path = self.store.path(name)
+        self._saved(step, path, time.perf_counter() - started, held)
+        self.completed.append((step, path, tag))
+
+    def _fail_for_good(self, error: CheckpointSaveError | LogdirLockedError) -> None:
+        self.fatal = error
+        if self._on_fatal is not None:
+            self._on_fatal(error)
 
     def wait_for_write(self, timeout: float | None = None) -> bool:
         """Block until the write in flight, if any, is on disk (or has failed);

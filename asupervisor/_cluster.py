@@ -7,14 +7,16 @@ every worker has started it. That is what makes agreement cheap, as in TF's
 
 1. A worker that wants something done by everyone (a save when the chief's timer
    fires, a stop when a worker gets SIGTERM) proposes it, on its training thread
-   at a step boundary, for the step after its current one: ``c + 1``.
+   at a step boundary where its global step is ``c``, for global step ``c + 1``.
 2. The proposal goes into the job's coordination service (TF's key-value store,
    which MWMS starts on the chief) as the next free *decision slot*. Inserting a
    key fails if it exists, so two proposals never take the same slot.
 3. Each worker's watcher thread reads the slots in order, records the decision
    and acknowledges it. The proposer waits for every acknowledgement before it
-   runs step ``c + 1``, so every worker knows the decision before any worker can
-   finish that step; each acts on it right after the step.
+   runs its next step, so every worker knows the decision before any worker can
+   finish that step; each acts on it right after the first step that takes its
+   global step to ``c + 1`` or past it (a step may advance it by more than one).
+   Decisions travel as JSON: any reason a user gives survives the trip.
 
 No collective runs per step for this: a boundary costs one attribute check until
 a decision arrives.
@@ -22,7 +24,9 @@ a decision arrives.
 
 from __future__ import annotations
 
+import enum
 import itertools
+import json
 import threading
 import time
 from collections.abc import Callable
@@ -36,22 +40,33 @@ ACK_TIMEOUT_SECS = 60.0  # a worker that does not acknowledge in this time is ta
 _sessions = itertools.count()  # key namespace: one per session in this process
 
 
+class DecisionKind(enum.Enum):
+    SAVE = "save"
+    STOP = "stop"
+
+
 @dataclass(frozen=True)
 class Decision:
-    """What every worker does after ``step``: ``kind`` is ``"save"`` or ``"stop"``."""
+    """What every worker does once its global step reaches ``step``."""
 
     step: int
-    kind: str
-    reason: str
+    kind: DecisionKind
+    reason: str  # a stop's reason (any string a user gave survives), or the save's cause
     proposer: int
 
     def encode(self) -> str:
-        return f"{self.step}:{self.kind}:{self.reason}:{self.proposer}"
+        fields = {"step": self.step, "kind": self.kind.value, "reason": self.reason}
+        return json.dumps({**fields, "proposer": self.proposer})
 
     @classmethod
     def decode(cls, text: str) -> Decision:
-        step, kind, reason, proposer = text.split(":")
-        return cls(int(step), kind, reason, int(proposer))
+        fields = json.loads(text)
+        return cls(
+            int(fields["step"]),
+            DecisionKind(fields["kind"]),
+            str(fields["reason"]),
+            int(fields["proposer"]),
+        )
 
 
 @dataclass(frozen=True)
@@ -140,6 +155,10 @@ class Agreement:
         write helps whoever waits for it."""
         self._closed.set()
 
+    def finishing(self) -> None:
+        """This worker is past its last step: the store going away is no error now."""
+        self.stopping = True
+
     def finish_together(self, timeout_secs: float) -> None:
         """After a clean stop: wait until every worker is done with its final save.
 
@@ -165,7 +184,7 @@ class Agreement:
 
     # -- decisions ---------------------------------------------------------------
 
-    def propose(self, kind: str, reason: str, current_step: int) -> Decision:
+    def propose(self, kind: DecisionKind, reason: str, current_step: int) -> Decision:
         """Training thread, at a step boundary: everyone does ``kind`` after the next step."""
         import tensorflow as tf
 
@@ -183,7 +202,7 @@ class Agreement:
         log.info(
             "cluster.proposed",
             step=decision.step,
-            kind=kind,
+            kind=kind.value,
             reason=reason,
             slot=slot,
             ack_seconds=round(time.monotonic() - started, 4),
@@ -191,13 +210,13 @@ class Agreement:
         return decision
 
     def due(self, step: int) -> list[Decision]:
-        """Training thread, after ``step``: the decisions for it (removed from the plan)."""
+        """Training thread, after a step that left the global step at ``step``: the
+        decisions for it or before it (a step may advance the global step by more than
+        one; every worker takes the same steps, so every worker acts after the same one).
+        Taken off the plan, in the order they were agreed."""
         with self._lock:
-            due = self._decisions.pop(step, [])
-            late = [s for s in self._decisions if s < step]
-            for s in late:  # cannot happen while every step is collective; say so if it does
-                log.error("cluster.decision_missed", step=s, now=step)
-                del self._decisions[s]
+            ready = sorted(s for s in self._decisions if s <= step)
+            due = [d for s in ready for d in self._decisions.pop(s)]
             self.pending = bool(self._decisions)
         return due
 

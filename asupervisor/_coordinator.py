@@ -2,9 +2,11 @@
 
 Anyone may ask for a stop from any thread: a step, a hook, a service, a signal
 handler, the user. The first error wins; errors that say the data ran out stop
-without an error. ``sv.coord`` is the coordinator of the Supervisor's open
-session (or of the next one): while a session runs, ``request_stop`` goes through
-that session's one stop path, so in a multi-worker job it stops every worker.
+without an error. ``sv.coord`` is one coordinator for the Supervisor's whole life,
+as in TF1: taken before a session (a thread, ``sv.loop``, a hook that keeps it), it
+is the coordinator of every session that follows. While a session runs,
+``request_stop`` goes through that session's one stop path (in a multi-worker job it
+stops every worker); each session starts with the stop cleared.
 """
 
 from __future__ import annotations
@@ -12,40 +14,43 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator
 
-from ._stopping import ExcInfo, StopFlag, as_exception
-
-
-def _default_clean_stop_types() -> tuple[type[BaseException], ...]:
-    import tensorflow as tf  # imported late: `asupervisor inspect --help` must stay fast
-
-    return (tf.errors.OutOfRangeError, StopIteration, StopAsyncIteration)
+from ._outcome import StopReason
+from ._stopping import ExcInfo, StopFlag, as_exception, end_of_data_types
 
 
 class Coordinator:
     """A thread-safe stop flag plus the first exception, as ``tf.train.Coordinator``.
 
-    With ``clean_stop_exception_types=None`` an error stops cleanly when it says the
-    data ran out: ``StopIteration``, or TF's ``OutOfRangeError`` from a data op
-    ("End of sequence"); an ``OutOfRangeError`` from a failed write (a full disk) is
-    an error. Given types are taken as they are.
+    With ``clean_stop_exception_types=None`` an error stops cleanly when it says the data
+    ran out: ``StopIteration``, ``StopAsyncIteration`` or TF's ``OutOfRangeError``, as in
+    TF1. Inside a session, where an error came from decides too: an ``OutOfRangeError``
+    from the session's own writes (a full disk) is an error.
     """
 
     def __init__(
         self, clean_stop_exception_types: tuple[type[BaseException], ...] | None = None
     ) -> None:
-        if clean_stop_exception_types is not None and not all(
-            isinstance(t, type) and issubclass(t, BaseException) for t in clean_stop_exception_types
+        if clean_stop_exception_types is not None and not (
+            isinstance(clean_stop_exception_types, tuple)
+            and all(
+                isinstance(t, type) and issubclass(t, BaseException)
+                for t in clean_stop_exception_types
+            )
         ):
-            raise ValueError("clean_stop_exception_types must be a tuple of exception classes")
-        self._flag = StopFlag(clean_stop_exception_types)
+            raise ValueError(
+                "clean_stop_exception_types must be a tuple of exception classes, not "
+                f"{clean_stop_exception_types!r}"
+            )
+        self._clean = clean_stop_exception_types
+        self._flag = StopFlag()
         self._route: Callable[[BaseException | None], None] | None = None
 
     @property
     def clean_stop_exception_types(self) -> tuple[type[BaseException], ...]:
-        return self._flag.clean_types or _default_clean_stop_types()
+        return self._clean if self._clean is not None else end_of_data_types()
 
     @property
-    def reason(self) -> str | None:
+    def reason(self) -> StopReason | str | None:
         """Why the stop was requested; ``None`` while no stop was requested."""
         return self._flag.reason
 
@@ -67,8 +72,10 @@ class Coordinator:
         error = as_exception(exc)
         if self._route is not None:
             self._route(error)
+        elif error is not None and isinstance(error, self.clean_stop_exception_types):
+            self._flag.set(None, StopReason.END_OF_DATA)
         else:
-            self._flag.set(error, "requested")
+            self._flag.set(error, StopReason.REQUESTED)
 
     async def wait_for_stop(self, timeout: float | None = None) -> bool:
         """Wait until a stop is requested; ``False`` if ``timeout`` seconds passed first."""
@@ -91,13 +98,14 @@ class Coordinator:
         if self._flag.error is not None:
             raise self._flag.error
 
+    # -- the session that uses it (the Supervisor's runtime) ---------------------------
 
-def session_coordinator() -> tuple[Coordinator, StopFlag, Callable[..., None]]:
-    """A coordinator for one session: its flag, and how to route its stops through the
-    session's stop path once the session exists."""
-    coord = Coordinator()
+    def _open_session(self, route: Callable[[BaseException | None], None]) -> StopFlag:
+        """A session begins: the stop is cleared, and stops go through ``route`` until
+        ``_close_session``. Returns the flag the session stops by."""
+        self._flag.clear()
+        self._route = route
+        return self._flag
 
-    def route_to(request_stop: Callable[[BaseException | None], None]) -> None:
-        coord._route = request_stop
-
-    return coord, coord._flag, route_to
+    def _close_session(self) -> None:
+        self._route = None

@@ -11,7 +11,8 @@ exception a caller would naturally catch::
      ├── WaitTimeout             (also TimeoutError) no checkpoint appeared in time
      ├── NanLossError            a step's loss was NaN
      ├── StepTimeout             the watchdog saw a step run too long
-     └── SessionStopped          (also RuntimeError) run/train after a stop; a clean exit
+     ├── SessionStopped          (also RuntimeError) run/train after a stop; a clean exit
+     └── SessionClosed           (also RuntimeError) work given to a session that has closed
 
 Errors raised by the user's own code (a step, a hook, a service) are never
 wrapped: they reach the caller as the same object, traceback intact.
@@ -66,4 +67,13 @@ class SessionStopped(SupervisorError, RuntimeError):
     The message names the stop's reason. It ends a loop that does not check
     ``should_stop()``; leaving the ``async with`` block with it is a clean exit
     (the final checkpoint is written), as ending by ``should_stop()`` would be.
+    """
+
+
+class SessionClosed(SupervisorError, RuntimeError):
+    """Work was given to a session that has closed (``sess.call``, ``between_steps`` ...
+    after the ``async with`` block), or that the session gave up on.
+
+    Also what a job abandoned by its session meets on the training thread at its next
+    step boundary: it runs no hook, saves nothing and asks for no stop.
     """

@@ -1,7 +1,9 @@
 """What is in a logdir, by name: the supervisor's checkpoints and others', the state file.
 
-A checkpoint of the supervisor's own is ``<basename>-<step>``; any other checkpoint
-the state file names (``ckpt-1`` from ``tf.train.CheckpointManager``) is foreign:
+A checkpoint of the supervisor's own is ``<basename>-<step>``, or ``<basename>-<step>_<n>``
+for the n-th that a later save at the same step wrote beside it (a save never rewrites
+a checkpoint in place: a crash between TF's two renames would tear it); any other
+checkpoint the state file names (``ckpt-1`` from ``tf.train.CheckpointManager``) is foreign:
 it may be restored from, but it is never swept or deleted. Only checkpoints directly
 inside the logdir count: a state file naming ``../victim/model.ckpt-5`` names nothing.
 """
@@ -19,9 +21,21 @@ from ._verify import verify_checkpoint
 STATE = "checkpoint"  # TF's state file: which checkpoints exist, the latest last
 
 
+def own_pattern(basename: str, suffix: str = "") -> re.Pattern[str]:
+    """``<basename>-<step>`` or ``<basename>-<step>_<n>``, then ``suffix``."""
+    return re.compile(re.escape(basename) + r"-(\d+)(?:_(\d+))?" + suffix + "$")
+
+
+def own_order(name: str, basename: str) -> tuple[int, int] | None:
+    """``(step, n)`` of a checkpoint name of the supervisor's own (newer sorts later),
+    else ``None``."""
+    found = own_pattern(basename).match(os.path.basename(name))
+    return None if found is None else (int(found[1]), int(found[2] or 0))
+
+
 def is_own(path: str, basename: str) -> bool:
     """Whether ``path`` names a checkpoint the supervisor writes (``<basename>-<step>``)."""
-    return re.fullmatch(re.escape(basename) + r"-\d+", os.path.basename(path)) is not None
+    return own_order(path, basename) is not None
 
 
 def remove_unfinished(store: Store, basename: str) -> list[str]:
@@ -33,8 +47,8 @@ def remove_unfinished(store: Store, basename: str) -> list[str]:
     under way; the finished checkpoints are never touched, nor any file of a
     checkpoint the state file names (one whose index is lost is damaged: reported).
     """
-    temp = re.compile(re.escape(basename) + r"-\d+_temp$")
-    data = re.compile("(" + re.escape(basename) + r"-\d+)\.data-\d+-of-\d+$")
+    temp = own_pattern(basename, "_temp")
+    data = own_pattern(basename, r"\.data-\d+-of-\d+")
     names = store.names()
     try:
         state = read_state(store)
@@ -47,8 +61,13 @@ def remove_unfinished(store: Store, basename: str) -> list[str]:
         if temp.match(name) and store.kind(name) == "dir":
             store.remove_tree(name)
             removed.append(name)
-        elif (m := data.match(name)) and m[1] + ".index" not in names and m[1] not in named:
-            if store.kind(name) == "file":
+        elif data.match(name):
+            prefix = name.rsplit(".data-", 1)[0]
+            if (
+                prefix + ".index" not in names
+                and prefix not in named
+                and store.kind(name) == "file"
+            ):
                 store.remove(name)
                 removed.append(name)
     return removed
@@ -79,7 +98,6 @@ def list_checkpoints(store: Store, basename: str, committed_only: bool = False) 
     ``committed_only``: only those the state file names, as ``tf.train.latest_checkpoint``
     sees them (unless the state file is missing or damaged). A reader beside a live chief
     needs this: files the state file does not name yet may be half written."""
-    pattern = re.compile(re.escape(basename) + r"-(\d+)$")
     names: set[str] = set()
     foreign: list[str] = []  # named by the state file, not ours: newest first, after ours
     on_disk = {n[: -len(".index")] for n in store.names() if n.endswith(".index")}
@@ -93,14 +111,31 @@ def list_checkpoints(store: Store, basename: str, committed_only: bool = False) 
             if name is None:
                 continue  # outside the logdir: never read, restored or deleted
             names.add(name)
-            if not pattern.match(name) and name not in foreign and name in on_disk:
+            if not is_own(name, basename) and name not in foreign and name in on_disk:
                 foreign.append(name)
     if committed_only and state is not None:
         on_disk &= names
     # Named by the state file but without files: nothing to restore, not a candidate.
-    steps = {n: int(m[1]) for n in on_disk if (m := pattern.match(n))}
+    steps = {n: order for n in on_disk if (order := own_order(n, basename)) is not None}
     own = sorted(steps, key=steps.__getitem__, reverse=True)
     return [store.path(n) for n in [*own, *(f for f in foreign if f not in steps)]]
+
+
+def listed_without_files(store: Store) -> list[str]:
+    """Checkpoints the state file names whose ``.index`` is gone, newest first: skipped
+    by a restore, and said so (``restore_report.skipped``)."""
+    try:
+        state = read_state(store)
+    except (OSError, ValueError, UnicodeDecodeError):
+        return []
+    if state is None:
+        return []
+    listed = [state.model_checkpoint_path, *reversed(state.all_model_checkpoint_paths)]
+    gone: list[str] = []
+    for name in (store.name_of(p) for p in listed if p):
+        if name is not None and name not in gone and store.kind(name + ".index") is None:
+            gone.append(name)
+    return [store.path(n) for n in gone]
 
 
 def files_problem(store: Store, prefix: str) -> str | None:

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 from ._checkpoints import Checkpointer
 
 if TYPE_CHECKING:
-    import tensorflow as tf
+    from ._root import SavedRoot
 
 
 class ScratchCheckpointer(Checkpointer):
@@ -23,23 +23,25 @@ class ScratchCheckpointer(Checkpointer):
     It restores the checkpoint the chief chose, from the chief's logdir.
     """
 
-    def __init__(self, checkpoint: tf.train.Checkpoint, worker: str, basename: str) -> None:
+    def __init__(self, root: SavedRoot, worker: str, basename: str) -> None:
         # Not created here: TF makes it on each save, and it is removed after each.
         name = f"asupervisor-{worker.replace(':', '')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         scratch = os.path.join(tempfile.gettempdir(), name)
         super().__init__(
-            checkpoint,
+            root,
             scratch,
             basename=basename,
             max_to_keep=1,
             keep_checkpoint_every_n_hours=None,
+            durable=False,  # thrown away at once: no fsync
         )
-        self.durable = False  # thrown away at once: no fsync
 
-    def save(self, step: int, *, force: bool = False, final: bool = False) -> str | None:
+    def save(
+        self, step: int, *, force: bool = False, final: bool = False, tag: int = 0
+    ) -> str | None:
         """Take part in the save at ``step``; nothing is kept, so nothing is returned."""
         try:
-            super().save(step, force=force, final=final)
+            super().save(step, force=force, final=final, tag=tag)
         finally:
             shutil.rmtree(self.directory, ignore_errors=True)
         return None

@@ -11,12 +11,15 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import AbstractAsyncContextManager
 from typing import TYPE_CHECKING, Any
 
+import anyio
+
 from ._checkpoints import RestoreReport
-from ._log import log
+from ._outcome import Outcome, StopReason, reason_of
+from ._position import is_one_shot
 from ._services import register
 from ._summaries import scalars
 from ._validate import optional_positive_int
-from ._worker import Job
+from ._worker import Job, JobKind
 
 if TYPE_CHECKING:
     from ._runtime import SessionRuntime
@@ -38,7 +41,7 @@ class ManagedSession:
         """How the session began: restored, initialized, fresh, or interrupted."""
         return self._rt.restore_report
 
-    # -- steps --------------------------------------------------------------
+    # -- steps --------------------------------------------------------------------
 
     async def run(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
         """One training step on the training thread, with hooks around it.
@@ -50,12 +53,14 @@ class ManagedSession:
         """
         rt = self._rt
         rt.check_not_stopped("run")
-        job = Job(rt.stepper.run_step, (fn, args, kwargs), label=fn, kind="step")
+        job = Job(rt.stepper.run_step, (fn, args, kwargs), label=fn, kind=JobKind.STEP)
         return await rt.thread.run_job(job)
 
     async def call(self, fn: Callable[..., Any], /, *args: Any, **kwargs: Any) -> Any:
-        """Run ``fn`` on the training thread, at a step boundary, counting no step."""
-        return await self._rt.thread.run(fn, *args, **kwargs)
+        """Run ``fn`` on the training thread, at a step boundary, counting no step. The
+        end of the data raised by ``fn`` stops the session cleanly, as from a step."""
+        rt = self._rt
+        return await rt.thread.run_job(Job(rt.user_job, (fn, *args), kwargs, label=fn))
 
     async def train(
         self,
@@ -78,14 +83,21 @@ class ManagedSession:
         checkpoint, and a resumed run goes on at the same batch of the same epoch until
         ``epochs`` epochs are done. ``data`` is then iterated once per epoch, or called
         as ``data(epoch)`` if it is a function: a shuffled dataset must be one (with the
-        epoch in its seed), so that a restart sees the same order again.
+        epoch in its seed), so that a restart sees the same order again. An iterator
+        (which runs out once) is refused with ``epochs``.
         """
         checked = optional_positive_int("max_steps", max_steps)
         epochs = optional_positive_int("epochs", epochs)
+        if epochs is not None and is_one_shot(data):
+            raise ValueError(
+                "data is an iterator, which runs out after one epoch: with epochs= pass "
+                "something iterated anew each epoch (a tf.data.Dataset, a list) or a "
+                "function of the epoch that returns the epoch's data"
+            )
         rt = self._rt
         rt.check_not_stopped("train")
         args = (step_fn, data, checked, epochs)
-        job = Job(rt.stepper.train_loop, args, label=step_fn, kind="step")
+        job = Job(rt.stepper.train_loop, args, label=step_fn, kind=JobKind.STEP)
         steps: int = await rt.thread.run_job(job)
         return steps
 
@@ -100,23 +112,26 @@ class ManagedSession:
     ) -> Any:
         """Keras ``model.fit(data, epochs=..., callbacks=...)`` under supervision; the History.
 
-        It runs on the training thread; each batch is a supervised step (hooks, the
-        global step, step schedules, saves between batches), your callbacks work as
-        with ``fit`` itself, and a stop ends it after the batch in flight. The epoch and
-        the batch inside it are saved with every checkpoint: a resumed run goes on at
-        the same batch. ``data`` is a ``tf.data.Dataset`` of batches, or a function
-        ``epoch -> Dataset`` (a shuffled dataset must be one, seeded with the epoch).
-        Other keyword arguments go to ``fit`` (``verbose``, ``validation_data`` ...).
+        One ``fit`` call for the whole run, from the saved position: your callbacks
+        work as with ``fit`` itself (Keras' own stops, ``on_train_begin`` once, the
+        History). It runs on the training thread; each batch is a supervised step (hooks,
+        the global step, step schedules, saves between batches), and a stop ends it
+        after the batch in flight. The epoch and the batch inside it are saved with
+        every checkpoint: a resumed run goes on at the same batch. ``data`` is a
+        ``tf.data.Dataset`` of batches, or a function ``epoch -> Dataset`` (a shuffled
+        dataset must be one, seeded with the epoch). Other keyword arguments go to
+        ``fit`` (``verbose``, ``validation_data``, ``steps_per_epoch`` ...).
         """
         from ._fit import check_data, fit
 
         positive = optional_positive_int("epochs", epochs)
         if positive is None:
             raise ValueError("epochs must be a positive int, not None")
-        check_data(data)
-        for name in ("initial_epoch", "x", "y"):
+        steps = optional_positive_int("steps_per_epoch", fit_kwargs.get("steps_per_epoch"))
+        check_data(data, steps)
+        for name in ("initial_epoch", "x", "y", "sample_weight", "validation_split"):
             if name in fit_kwargs:
-                raise ValueError(f"{name}= is set by sess.fit, from the saved position")
+                raise ValueError(f"{name}= cannot be given to sess.fit (see its docstring)")
         rt = self._rt
         if rt.agreement is not None:
             raise ValueError(
@@ -127,8 +142,8 @@ class ManagedSession:
             )
         fit_kwargs.setdefault("shuffle", False)  # a dataset is shuffled by itself, if at all
         rt.check_not_stopped("fit")
-        args = (rt, model, data, positive, tuple(callbacks), fit_kwargs)
-        return await rt.thread.run_job(Job(fit, args, label=model.fit, kind="step"))
+        args = (fit, rt, model, data, positive, tuple(callbacks), fit_kwargs)
+        return await rt.thread.run_job(Job(rt.user_job, args, label=model.fit, kind=JobKind.STEP))
 
     @property
     def data_position(self) -> tuple[int, int]:
@@ -137,13 +152,24 @@ class ManagedSession:
         position = self._rt.position
         return position.epoch, position.batch
 
-    async def save_checkpoint(self) -> None:
-        """Ask for a checkpoint at the next step boundary, and wait until it is taken.
+    async def save_checkpoint(self) -> str | None:
+        """A checkpoint of the state at the next step boundary; its path once its files are
+        on disk (a background write is waited for here, not on the training thread).
 
-        In a multi-worker job every worker saves after the same step (the request is
-        agreed first). With ``async_checkpoint`` the files are written in the background.
+        Whatever ``save_model_secs`` says: an explicit save always writes. The path of the
+        checkpoint already there when no step ran since it. ``None`` on a process that
+        writes no checkpoints (a non-chief, ``logdir=None``), and in a multi-worker job,
+        where every worker saves after the next step (the request is agreed first).
         """
-        await self._rt.thread.run(self._rt.timed_save)
+        rt = self._rt
+        path: str | None = await rt.thread.run_job(Job(rt.explicit_save, kind=JobKind.SAVE))
+        checkpointer = rt.checkpointer
+        if path is not None and checkpointer is not None and checkpointer.async_write:
+            # Waited for here, in a worker thread: training goes on meanwhile.
+            await anyio.to_thread.run_sync(checkpointer.wait_for_write)
+            if checkpointer.fatal is not None or checkpointer.latest_committed() != path:
+                return None  # the write failed (logged as checkpoint.failed)
+        return path
 
     # -- what extensions read -------------------------------------------------
 
@@ -174,26 +200,27 @@ class ManagedSession:
     def first_step_done(self) -> tuple[int, float] | None:
         """``(global step, time.monotonic())`` when this session's first step ended, or
         ``None`` before it: rates measured from here leave out start-up and tracing."""
-        return self._rt.rate_origin
+        return self._rt.stepper.first_done
 
     @property
-    def last_save(self) -> tuple[int, float] | None:
-        """The last checkpoint this session wrote or restored: ``(step, time.monotonic()
-        when written)``; the time is ``None`` for a restored one. ``None`` if there is none."""
+    def last_save(self) -> tuple[int, float | None] | None:
+        """The last checkpoint this session wrote or restored whole: ``(step,
+        time.monotonic() when written)``; the time is ``None`` for a restored one.
+        ``None`` if there is none. A failed save changes nothing here."""
         checkpointer = self._rt.checkpointer
         if checkpointer is None or checkpointer.last_saved_step is None:
             return None
-        return checkpointer.last_saved_step, checkpointer.last_saved_at  # type: ignore[return-value]
+        return checkpointer.last_saved_step, checkpointer.last_saved_at
 
     def job_in_flight(self) -> tuple[str, float] | None:
         """The work running on the training thread now, as ``(name, time.monotonic()
         when it began)``, or ``None`` when the thread is idle or held by
-        ``between_steps``. A step counts with its hooks; saves and calls count too."""
+        ``between_steps``. A job of many steps (``train``, ``fit``) counts from the start
+        of its current step; saves and calls count too."""
         flight = self._rt.thread.in_flight()
-        if flight is None or flight[0].kind == "hold":
+        if flight is None or flight.job.kind is JobKind.HOLD:
             return None
-        job, started = flight
-        return job.name, started
+        return flight.job.name, flight.step_started_at
 
     def between_steps(self) -> AbstractAsyncContextManager[None]:
         """``async with``: the training thread is held at a step boundary meanwhile.
@@ -208,24 +235,35 @@ class ManagedSession:
     def should_stop(self) -> bool:
         return self._rt.flag.stopped
 
-    def request_stop(self, exc: BaseException | None = None, *, reason: str = "requested") -> None:
+    def request_stop(
+        self, exc: BaseException | None = None, *, reason: StopReason | str = "requested"
+    ) -> None:
         """Ask for a stop, from any thread; ``exc`` is re-raised at the end unless it
-        says the data ran out. ``reason`` names a clean stop (``stop_reason``).
+        says the data ran out. ``reason`` names a clean stop (``stop_reason``): one of
+        ``asv.StopReason`` or a string of your own.
 
         In a multi-worker job a stop without an error is proposed to every worker:
         all stop together after the next step (each must keep stepping until then).
         """
         if not isinstance(reason, str) or not reason:
             raise ValueError(f"reason must be a non-empty string, not {reason!r}")
-        self._rt.request_stop(exc, reason)
+        self._rt.report_stop(exc, reason_of(reason))
 
     async def sleep_until_stop(self, seconds: float) -> bool:
         """Sleep; ``True`` as soon as a stop is requested, ``False`` when the time is up."""
         return await self._rt.flag.wait(seconds)
 
     @property
-    def stop_reason(self) -> str | None:
+    def stop_reason(self) -> StopReason | str | None:
+        """Why the session was asked to stop: an ``asv.StopReason`` (a ``str``), or the
+        string a ``request_stop(reason=...)`` gave; ``None`` while running."""
         return self._rt.flag.reason
+
+    @property
+    def outcome(self) -> Outcome | None:
+        """How the session ended, once it has (after the ``async with`` block; ``None``
+        before): ``asv.Outcome``, with the process exit status it calls for."""
+        return self._rt.outcome
 
     # -- summaries ----------------------------------------------------------
 
@@ -234,13 +272,10 @@ class ManagedSession:
 
         It writes where it is called: from async code, prefer
         ``await sess.call(sess.summary_computed, values)`` (file I/O, off the loop).
+        On a process that writes no summaries (a non-chief, ``summary_writer=None``)
+        it writes nothing and logs ``summary.disabled`` once.
         """
-        events = self._rt.events
-        if events.writer is None:
-            log.warning("summary.disabled", tags=sorted(values))
-            return
-        at = self.global_step if step is None else step
-        events.write(values, at, self._rt.sv.global_step)
+        self._rt.write_summary(dict(values), step)
 
     # -- services -----------------------------------------------------------
 

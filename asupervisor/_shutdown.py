@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from . import _exit
 from ._errors import GracePeriodExpired, StepTimeout
 from ._log import log
 from ._signals import redeliver
@@ -26,11 +27,12 @@ if TYPE_CHECKING:
 async def close(rt: SessionRuntime) -> None:
     """Close what the session opened, off the event loop and bounded; the lock goes
     last, once nothing of the session can still write."""
-    rt.phase = Phase.CLOSING
+    rt.enter(Phase.CLOSING)
     rt.flag.unbind()
     rt.services.close()  # no service starts in a session that is over
     if rt.signals is not None:
         rt.signals.restore()
+    rt.loopwatch.stop()
     rt.thread.stop()  # jobs still queued are dropped; a running one is fenced
     wait = 0.0 if rt.interrupted else max(rt.grace_left(), 0.1)
     await _off_loop(rt.events.close, wait)
@@ -41,15 +43,21 @@ async def close(rt: SessionRuntime) -> None:
         done = await _off_loop(checkpointer.wait_for_write, wait, wait)
         if not done and rt.flag.error is None:
             log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
-    await anyio.to_thread.run_sync(rt.guard.close)  # bounded; a lease release is store I/O
+        rt.saves_done(hooks=False)  # on disk now: not counted as lost
+    await _off_loop(rt.guard.close, wait)  # an object store's lease: I/O, off the loop
     if rt.stuck is None and not rt.interrupted:
         await _off_loop(rt.thread.join, wait, wait)
-    rt.phase = Phase.CLOSED
+    rt.coord._close_session()
+    rt.enter(Phase.CLOSED)
+    if rt.outcome is not None:
+        _exit.ended(rt.outcome, rt.flag.error)
     with contextlib.suppress(Exception):
+        outcome = rt.outcome
         log.info(
             "session.stopped",
             step=rt.step.value,
-            reason=rt.flag.reason,
+            reason=str(rt.flag.reason),
+            outcome=None if outcome is None else outcome.value,
             error=describe_error(rt.flag.error),
             stuck_step=rt.stuck,
             unsaved_steps=unsaved_steps(rt),
@@ -57,17 +65,16 @@ async def close(rt: SessionRuntime) -> None:
 
 
 def unsaved_steps(rt: SessionRuntime) -> int:
-    """Steps run since the last save, if this process saves (they are lost now)."""
-    return rt.stepper.steps_since_save if rt.sv.checkpointing else 0
+    """Steps run since the last good save, if this process saves (they are lost now)."""
+    return rt.stepper.unsaved if rt.checkpointer is not None and rt.sv.checkpointing else 0
 
 
 def raise_outcome(rt: SessionRuntime) -> None:
     redeliver(rt.late_signals)
     unsaved = unsaved_steps(rt)
-    lost = (
-        f"{unsaved} step(s) since the last checkpoint (step "
-        f"{rt.checkpointer.last_good_step if rt.checkpointer else None}) were not saved"
-    )
+    checkpointer = rt.checkpointer
+    last = None if checkpointer is None else checkpointer.last_saved_step
+    lost = f"{unsaved} step(s) since the last checkpoint (step {last}) were not saved"
     if rt.interrupted:
         raise KeyboardInterrupt(f"a second SIGINT: stopped at once; {lost}")
     if rt.cancelled is not None:

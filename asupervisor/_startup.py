@@ -1,102 +1,117 @@
 """A session's start: open the logdir, wait for a checkpoint, restore or initialize.
 
-Every blocking part (directory and lock I/O, the checkpoint manager reading the
-state file, the events file, the restore itself) runs on the session's training
-thread, never on the event loop, and every wait gives way to a stop within one
-poll: a stop during start-up ends the session before it trains.
+Every blocking part (directory and lock I/O, reading the state file, the events file,
+the restore itself) runs on the session's training thread, never on the event loop,
+and every wait gives way to a stop within one poll: a stop during start-up ends the
+session before it trains, and the start-up job it gave up on is fenced (it restores
+nothing more, runs no hook, saves nothing).
+
+These functions change nothing of the runtime's but through its methods; they
+return what they found.
 """
 
 from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from ._checkpoints import Checkpointer, RestoreReport
+from ._checkpoints import Checkpointer, RestoreReport, RestoreSource
 from ._cluster import Agreement
 from ._errors import WaitTimeout
-from ._lock import WriteGuard, make_lock
+from ._lock import LeaseLock, LogdirLock, WriteGuard, make_lock
 from ._log import log
 from ._logdir import is_own, remove_unfinished
 from ._scratch import ScratchCheckpointer
 from ._store import Store
 from ._verify import unrestored
+from ._worker import Job, JobKind
 
 if TYPE_CHECKING:
     from ._runtime import SessionRuntime
 
 
-async def start(rt: SessionRuntime, wait: bool, max_wait_secs: float) -> None:
+@dataclass(frozen=True)
+class Opened:
+    """What opening the logdir made: the lock, its write guard, the checkpointer."""
+
+    lock: LogdirLock | LeaseLock | None
+    guard: WriteGuard
+    checkpointer: Checkpointer | None
+
+
+async def start(rt: SessionRuntime, wait: bool, max_wait_secs: float) -> RestoreReport:
+    """Open, join the job, restore or initialize; the report (``interrupted`` when a
+    stop came first)."""
     sv = rt.sv
     started = time.perf_counter()
-    await rt.thread.run(_open, rt)
+    rt.adopt(await rt.thread.run_job(Job(_open, (rt,), kind=JobKind.INTERNAL)))
     if sv.role is not None:
-        rt.agreement = Agreement(sv.role, _lost(rt), lambda: rt.flag.stopped)
-        rt.agreement.start()
+        rt.join(Agreement(sv.role, _lost(rt), lambda: rt.flag.stopped))
+    interrupted = RestoreReport(RestoreSource.INTERRUPTED, None, rt.step.value)
     # In a multi-worker job a non-chief waits for the chief's choice instead (in
     # _choose): its scratch directory never holds a checkpoint, and the chief's
     # first save needs this worker, so waiting for a file would deadlock.
     if wait and not sv.is_chief and rt.agreement is None and not await _wait(rt, max_wait_secs):
-        rt.restore_report = RestoreReport("interrupted", None, rt.step.value)
-        return
-    report = await _until_stop(rt, _restore_or_init, rt, max_wait_secs)
+        return interrupted
+    report: RestoreReport | None = await _until_stop(rt, _restore_or_init, rt, max_wait_secs)
     if report is None:  # a stop came first: nothing was restored, nothing is saved
-        rt.restore_report = RestoreReport("interrupted", None, rt.step.value)
-        log.info("session.start_interrupted", reason=rt.flag.reason)
-        return
-    rt.restore_report = report
+        log.info("session.start_interrupted", reason=str(rt.flag.reason))
+        return interrupted
     log.info(
         "session.started",
         step=report.step,
         restored_from=report.path,
-        source=report.source,
+        source=report.source.value,
         is_chief=sv.is_chief,
         worker=None if sv.role is None else sv.role.name,
         seconds=round(time.perf_counter() - started, 4),
     )
+    return report
 
 
 def _lost(rt: SessionRuntime) -> Callable[[BaseException], None]:
     def lost(error: BaseException) -> None:
         """The job's coordination service failed: a worker, or the chief, is gone."""
-        rt.flag.set(error, "requested", failure=True)
+        rt.fail(error)
 
     return lost
 
 
-def _open(rt: SessionRuntime) -> None:
+def _open(rt: SessionRuntime) -> Opened:
     """Training thread: the logdir, its lock, the checkpointer, the events file."""
     sv = rt.sv
+    lock, guard = None, WriteGuard(None)
     if sv.is_chief and sv.logdir is not None:
         store = Store(sv.logdir)
         store.make()
-        rt.lock = make_lock(store)
-        rt.lock.acquire()  # before anything is written: one live chief per logdir
-        rt.guard = WriteGuard(rt.lock)
+        lock = make_lock(store)
+        lock.acquire()  # before anything is written: one live chief per logdir
+        guard = WriteGuard(lock)
         leftovers = remove_unfinished(store, sv.checkpoint_basename)
         if leftovers:
             log.info("checkpoint.unfinished_removed", paths=leftovers)
+    checkpointer: Checkpointer | None = None
     if sv.logdir is not None:
         if sv.role is not None and not sv.is_chief:
-            rt.checkpointer = ScratchCheckpointer(
-                sv.checkpoint, sv.role.name, sv.checkpoint_basename
-            )
+            checkpointer = ScratchCheckpointer(rt.root, sv.role.name, sv.checkpoint_basename)
         else:
-            rt.checkpointer = Checkpointer(
-                sv.checkpoint,
+            checkpointer = Checkpointer(
+                rt.root,
                 sv.logdir,
                 basename=sv.checkpoint_basename,
                 max_to_keep=sv.max_to_keep,
                 keep_checkpoint_every_n_hours=sv.keep_checkpoint_every_n_hours,
                 async_write=sv.async_checkpoint,
-                guard=rt.guard,
+                guard=guard,
+                on_fatal=rt.fail,  # a background write that fails for good stops training
             )
-        # A background write that fails for good stops training, like a sync one.
-        rt.checkpointer.on_fatal = lambda error: rt.flag.set(error, "requested", failure=True)
-    rt.events.open()
+    rt.events.open(rt.thread.on_thread)
     rt.events.set_default(rt.step.for_summaries())
+    return Opened(lock, guard, checkpointer)
 
 
 async def _wait(rt: SessionRuntime, max_wait_secs: float) -> bool:
@@ -117,13 +132,14 @@ async def _wait(rt: SessionRuntime, max_wait_secs: float) -> bool:
 
 async def _until_stop(rt: SessionRuntime, fn: Callable[..., Any], *args: Any) -> Any:
     """Run ``fn`` on the training thread; ``None`` as soon as a stop comes first (the
-    job is left to finish on its own: the runtime's fence keeps it from acting)."""
+    job goes on by itself, fenced: it can change nothing of the session any more)."""
     outcome: list[tuple[bool, Any]] = []
+    job = Job(fn, args, kind=JobKind.INTERNAL)
     async with anyio.create_task_group() as tg:
 
         async def run() -> None:
             try:
-                outcome.append((True, await rt.thread.run(fn, *args)))
+                outcome.append((True, await rt.thread.run_job(job, fence_on_cancel=True)))
             except Exception as exc:  # raised below, as itself, not in an ExceptionGroup
                 outcome.append((False, exc))
             tg.cancel_scope.cancel()
@@ -166,22 +182,20 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
         hook.begin(sv)
     started = time.perf_counter()
     path, skipped = _choose(rt, max_wait_secs)
-    rt.check_open()  # a restore given up on by a stop acts no further
+    rt.thread.check_fence()  # a restore given up on acts no further
     step.reload()
     rt.position.reload()
-    # Step schedules count from here, as TF's CheckpointSaverHook and SummarySaverHook do.
-    rt.stepper.last_save_step = rt.stepper.last_summary_step = step.value
+    deferred: tuple[str, str] | None = None
     if path is not None and rt.checkpointer is not None:
         checkpointer = rt.checkpointer
-        if is_own(path, checkpointer.basename):
-            checkpointer.last_saved_step = checkpointer.last_good_step = step.value
-        else:
+        checkpointer.restored(path)
+        if not is_own(path, checkpointer.basename):
             log.warning("checkpoint.migrated", path=path, step=step.value)
         waiting = unrestored(checkpointer.restore_status)
         if waiting is not None:
             # Objects not built yet take their values when they are built: checked
-            # again after the first step, which builds them (SessionRuntime.after_step).
-            rt.deferred = (path, waiting)
+            # again after the first step, which builds them (SessionRuntime.check_deferred).
+            deferred = (path, waiting)
             log.info("checkpoint.deferred", path=path, first_value=waiting)
         log.info(
             "checkpoint.restored",
@@ -190,60 +204,14 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
             skipped=len(skipped),
             seconds=round(time.perf_counter() - started, 4),
         )
-        report = RestoreReport("checkpoint", path, step.value, tuple(skipped))
+        report = RestoreReport(RestoreSource.CHECKPOINT, path, step.value, tuple(skipped))
     else:
-        source = "fresh"
+        source = RestoreSource.FRESH
         # Every worker of a multi-worker job holds its own copy of the variables.
         if sv.init_fn is not None and (sv.is_chief or sv.role is not None):
             sv.init_fn()
-            source = "init_fn"
-        report = RestoreReport(source, None, step.value, tuple(skipped))  # type: ignore[arg-type]
-    rt.restore_report = report
-    rt.events.mark_start(step.value + 1)  # the restored state's own point stays
-    rt.ready = True
-    for hook in sv.hooks:
-        hook.after_create_session(rt.session)
-    if report.source != "checkpoint" and sv.checkpointing:
-        rt.save()  # so that init_fn's work is never lost
+            rt.thread.check_fence()  # given up on while init_fn ran: it acts no further
+            source = RestoreSource.INIT_FN
+        report = RestoreReport(source, None, step.value, tuple(skipped))
+    rt.began(report, deferred)
     return report
-
-
-def recover(rt: SessionRuntime, exc: BaseException) -> None:
-    """Training thread, after a recoverable error: restore the newest good checkpoint,
-    so that the failed step's partial writes are gone, and let the step run again."""
-    sv, checkpointer, stepper = rt.sv, rt.checkpointer, rt.stepper
-    if rt.agreement is not None:
-        # A collective failed: a worker is gone. Retrying alone cannot help; the
-        # job stops, and its restart resumes from the last checkpoint.
-        log.error("cluster.step_failed", error=f"{type(exc).__name__}: {_cause_line(exc)}")
-        raise exc
-    stepper.recoveries += 1
-    if checkpointer is None or stepper.recoveries > sv.max_recoveries:
-        raise exc
-    checkpointer.wait_for_write()
-    path, _ = checkpointer.restore_newest()
-    if path is None:
-        raise exc
-    rt.step.reload()
-    rt.position.reload()
-    stepper.steps_since_save = 0
-    stepper.means.clear()  # the failed steps' results are not the restored state's
-    rt.events.mark_start(rt.step.value + 1)
-    log.warning(
-        "step.recovered",
-        error=f"{type(exc).__name__}: {exc}",
-        restored_step=rt.step.value,
-        path=path,
-        attempt=stepper.recoveries,
-        max_recoveries=sv.max_recoveries,
-    )
-
-
-def _cause_line(exc: BaseException) -> str:
-    """The line of a collective's error that says what happened (TF's message is
-    mostly a graph traceback): ``Collective ops is aborted by: Socket closed``."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        if "aborted by" in line or "Connection reset" in line:
-            return line[:300]
-    return (lines[0] if lines else "")[:300]

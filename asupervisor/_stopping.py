@@ -1,4 +1,4 @@
-"""The stop path's states, the one stop flag, and how an error is classified.
+"""The stop path's states, and the one stop flag.
 
 A session moves through these phases, in this order only (``docs/ARCHITECTURE.md``
 draws the machine)::
@@ -17,6 +17,8 @@ draws the machine)::
 
 Whoever asks for a stop, and from whatever thread, goes through ``StopFlag.set``:
 the first stop fixes the reason, the first error wins, later errors are logged.
+Errors reach the flag already classified (``None`` for a clean stop): where an
+error came from decides what it means, not its text (``_runtime.classified``).
 """
 
 from __future__ import annotations
@@ -29,15 +31,13 @@ from collections.abc import Callable
 from typing import Any
 
 import anyio
+import anyio.lowlevel
 
 from ._log import log
+from ._outcome import StopReason
 from ._worker import LoopCaller, loop_caller
 
 ExcInfo = tuple[type[BaseException], BaseException, Any]
-
-# What TensorFlow's data ops say when the data ran out; any other OutOfRangeError
-# (a summary or checkpoint write beyond the disk's size limit, EFBIG) is a failure.
-_END_OF_DATA_MESSAGES = ("End of sequence", "insufficient elements")
 
 
 class Phase(enum.Enum):
@@ -49,16 +49,11 @@ class Phase(enum.Enum):
     CLOSED = "closed"
 
 
-def is_end_of_data(exc: BaseException) -> bool:
-    """Whether ``exc`` says that the data ran out (a clean stop), and nothing else."""
-    if isinstance(exc, (StopIteration, StopAsyncIteration)):
-        return True
-    import tensorflow as tf
+def end_of_data_types() -> tuple[type[BaseException], ...]:
+    """What user code raises when its data ran out (TF1's clean-stop types)."""
+    import tensorflow as tf  # imported late: `asupervisor inspect --help` must stay fast
 
-    if isinstance(exc, tf.errors.OutOfRangeError):
-        text = str(exc)
-        return any(message in text for message in _END_OF_DATA_MESSAGES)
-    return False
+    return (tf.errors.OutOfRangeError, StopIteration, StopAsyncIteration)
 
 
 def as_exception(exc: BaseException | ExcInfo | None) -> BaseException | None:
@@ -70,15 +65,15 @@ def as_exception(exc: BaseException | ExcInfo | None) -> BaseException | None:
 
 
 def end_of_data_error(exc: BaseException) -> BaseException:
-    """What the waiter of a step gets when the data ran out: the step's own error, or
-    for a ``StopIteration`` (which cannot cross into a coroutine: PEP 479) TF's
-    end-of-data error, with the ``StopIteration`` as its cause."""
+    """What the waiter of a job gets when the data ran out: the job's own error, or for a
+    ``StopIteration`` (which cannot cross into a coroutine: PEP 479) TF's end-of-data
+    error, with the ``StopIteration`` as its cause."""
     if not isinstance(exc, (StopIteration, StopAsyncIteration)):
         return exc
     import tensorflow as tf
 
     error: BaseException = tf.errors.OutOfRangeError(
-        None, None, f"End of sequence: the step raised {type(exc).__name__}"
+        None, None, f"End of sequence: the job raised {type(exc).__name__}"
     )
     error.__cause__ = exc
     return error
@@ -91,34 +86,19 @@ def describe_error(exc: BaseException | None) -> str | None:
 class StopFlag:
     """Thread-safe: whether a stop was asked for, why, when, and the first error."""
 
-    def __init__(self, clean_types: tuple[type[BaseException], ...] | None = None) -> None:
-        self.clean_types = clean_types  # None: classified by is_end_of_data
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.stopped = False
         self.error: BaseException | None = None
-        self.reason: str | None = None
+        self.reason: StopReason | str | None = None
         self.stopped_at: float | None = None
         self._waiters: list[tuple[LoopCaller, anyio.Event]] = []
         self._on_error: tuple[LoopCaller, Callable[[], object]] | None = None
 
-    def is_clean(self, error: BaseException) -> bool:
-        if self.clean_types is not None:
-            return isinstance(error, self.clean_types)
-        return is_end_of_data(error)
-
-    def set(
-        self,
-        exc: BaseException | ExcInfo | None,
-        reason: str,
-        *,
-        failure: bool = False,
-    ) -> None:
-        """Stop with ``reason``. An error's reason is ``"exception"`` unless a more
-        specific one (``"timeout"``, ``"nan"``) is given. ``failure=True``: ``exc`` is an
-        error whatever its type (a failed service did not reach the end of its data)."""
-        error = as_exception(exc)
-        if not failure and error is not None and self.is_clean(error):
-            error, reason = None, "end_of_data"
+    def set(self, error: BaseException | None, reason: StopReason | str) -> None:
+        """Stop with ``reason``; ``error`` (``None`` for a clean stop) is re-raised when the
+        session ends. An error's reason is ``EXCEPTION`` unless a more specific one
+        (``TIMEOUT``, ``NAN``) is given."""
         with self._lock:
             first_stop = not self.stopped
             first_error = error is not None and self.error is None
@@ -128,7 +108,7 @@ class StopFlag:
                 self.stopped_at = time.monotonic()
             if first_error:
                 self.error = error
-                self.reason = "exception" if reason == "requested" else reason
+                self.reason = StopReason.EXCEPTION if reason is StopReason.REQUESTED else reason
             elif first_stop:
                 self.reason = reason
             waiters, self._waiters = self._waiters, []
@@ -141,7 +121,7 @@ class StopFlag:
             call(cancel)
         with contextlib.suppress(Exception):
             if first_stop or first_error:
-                log.info("stop.requested", reason=self.reason, error=describe_error(error))
+                log.info("stop.requested", reason=str(self.reason), error=describe_error(error))
             if dropped:
                 log.warning(
                     "stop.error_dropped",
@@ -150,7 +130,12 @@ class StopFlag:
                 )
 
     async def wait(self, timeout: float | None = None) -> bool:
-        """Wait until a stop is requested; ``False`` if ``timeout`` seconds passed first."""
+        """Wait until a stop is requested; ``False`` if ``timeout`` seconds passed first.
+
+        Always a checkpoint of the loop, even when the stop is already there: a service
+        that swallows its cancellation and calls this again is cancelled again, instead
+        of spinning on a loop that never gets the thread back."""
+        await anyio.lowlevel.checkpoint()
         event = anyio.Event()
         entry = (loop_caller(), event)
         with self._lock:

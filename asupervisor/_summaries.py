@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from ._log import log
@@ -81,9 +82,12 @@ class EventsFile:
         self._lock = threading.Lock()
         self.writer: tf.summary.SummaryWriter | None = given
         self.path: str | None = None  # the name of the file, inside the logdir
+        self._renew_on: Callable[[], bool] = lambda: True  # where a lost file may be renewed
 
-    def open(self) -> None:
-        """Create the session's file (blocking I/O: not on the event loop)."""
+    def open(self, on_training_thread: Callable[[], bool]) -> None:
+        """Create the session's file (blocking I/O: not on the event loop). A lost file is
+        renewed only where ``on_training_thread()``: no step writes into it meanwhile."""
+        self._renew_on = on_training_thread
         if self._given is None and self._store is not None:
             self.writer, self.path = create_events_file(self._store)
 
@@ -107,26 +111,52 @@ class EventsFile:
         with self._lock, self.writer.as_default():
             summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
 
-    def write(self, values: Mapping[str, Any], step: int, default_step: Any = None) -> None:
+    def write(self, values: Mapping[str, Any], step: int) -> None:
         with self._lock:
-            self._renew_if_lost(default_step)
+            self._renew_if_lost()
             if self.writer is not None:
                 write_values(self.writer, values, step)
 
-    def _renew_if_lost(self, default_step: Any) -> None:
-        """A new file in place of a deleted one: TF would go on writing into the
-        deleted file's inode, and every summary would be lost without a word."""
+    def writable(self) -> bool:
+        """Whether the file can be written now (its pending events flushed): an
+        ``OutOfRangeError`` that a full disk raised in a step is not the end of data."""
+        if self.writer is None:
+            return True
+        try:
+            self.writer.flush()
+        except Exception:
+            return False
+        return True
+
+    def _renew_if_lost(self) -> None:
+        """A new file in place of a deleted one: TF would go on writing into the deleted
+        file's inode, and every summary would be lost without a word. The writer stays
+        the same object with the same resource, which steps traced earlier hold: only
+        the file under it changes."""
         store = self._store
-        if self.path is None or store is None or store.exists(self.path):
+        if self.path is None or store is None or not self._renew_on() or store.exists(self.path):
             return
+        import tensorflow as tf
+
         lost = self.path
-        if self.writer is not None:
-            self.writer.close()
-        self.writer, self.path = create_events_file(store)
-        if default_step is not None:
-            self.writer.set_as_default(step=default_step)
-        new = store.path(self.path) if self.path is not None else None
-        log.warning("summary.file_lost", path=store.path(lost), new_path=new)
+        writer: Any = self.writer
+        # TF names the writer's resource only privately; it is what traced steps hold.
+        handle = getattr(writer, "resource_handle", None) or writer._resource
+        before = set(store.names())
+        with contextlib.suppress(tf.errors.OpError):  # the old file is gone: flush may fail
+            tf.raw_ops.CloseSummaryWriter(writer=handle)
+        tf.raw_ops.CreateSummaryFileWriter(
+            writer=handle,
+            logdir=store.root,
+            max_queue=10,
+            flush_millis=120000,
+            filename_suffix=".v2",
+        )
+        writer.flush()
+        new = {n for n in store.names() if n.startswith("events.out.tfevents.")} - before
+        self.path = new.pop() if len(new) == 1 else None
+        new_path = store.path(self.path) if self.path is not None else None
+        log.warning("summary.file_lost", path=store.path(lost), new_path=new_path)
 
     def close(self) -> None:
         with self._lock:

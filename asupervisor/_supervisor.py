@@ -14,10 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
 from ._cluster import Role, multi_worker_role
-from ._coordinator import Coordinator, session_coordinator
+from ._coordinator import Coordinator
 from ._hooks import Hook
-from ._position import Position
-from ._root import checkpoint_root
+from ._root import user_checkpoint
 from ._services import Registration, register
 from ._session import ManagedSession
 from ._store import is_object_store, no_file_system
@@ -91,10 +90,10 @@ class Supervisor:
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
-        self.position = Position()  # epoch and batch, for train(epochs=) and fit
-        self.checkpoint = _make_checkpoint(checkpoint, self.global_step, self.position.module)
+        # The user's checkpoint object, read at each save (what it holds *then* is saved).
+        self.checkpoint = user_checkpoint(checkpoint, self.global_step)
         self._services: list[Registration] = []
-        self._coord = Coordinator()
+        self._coord = Coordinator()  # one for the Supervisor's life, as TF1's sv.coord
         self._runtime: SessionRuntime | None = None  # the open session's, else the last one's
         self._open = False
         self._frozen = True
@@ -111,7 +110,8 @@ class Supervisor:
 
     @property
     def coord(self) -> Coordinator:
-        """The coordinator of the open session, else of the last one (or a fresh one)."""
+        """The Supervisor's one coordinator: taken before a session, it is that session's
+        (each session starts with its stop cleared)."""
         return self._coord
 
     @property
@@ -137,12 +137,6 @@ class Supervisor:
         return arg not in ("auto", None) or (
             arg == "auto" and self.logdir is not None and self.is_chief
         )
-
-    @property
-    def checkpoint_manager(self) -> tf.train.CheckpointManager | None:
-        """The ``tf.train.CheckpointManager`` of the open (or last) session, else ``None``."""
-        rt = self._runtime
-        return rt.checkpointer.manager if rt is not None and rt.checkpointer else None
 
     @property
     def summary_writer(self) -> tf.summary.SummaryWriter | None:
@@ -237,10 +231,8 @@ class Supervisor:
         check.boolean("start_standard_services", start_standard_services)
         if self._open:
             raise RuntimeError("this Supervisor already has an open session")
-        coord, flag, route_to = session_coordinator()
-        runtime = SessionRuntime(self, coord, flag)
-        route_to(runtime.request_stop)
-        self._coord, self._runtime, self._open = coord, runtime, True
+        runtime = SessionRuntime(self, self._coord)
+        self._runtime, self._open = runtime, True
         regs = self._registrations(start_standard_services)
         try:
             async with runtime.running(wait_for_checkpoint, max_wait_secs, regs) as sess:
@@ -314,14 +306,21 @@ def _check_is_chief(is_chief: Any, strategy: Any, role: Role | None) -> bool:
 
 
 def _check_basename(basename: Any) -> str:
-    if not isinstance(basename, str) or not basename or os.sep in basename:
+    if not isinstance(basename, str) or not basename:
         raise ValueError(f"checkpoint_basename must be a non-empty file name, not {basename!r}")
-    if any(c in basename for c in "*?[]") or basename in (".", ".."):
-        # TF's retention sweep globs `<basename>-<step>.*`: `m*` would sweep other runs'
-        # files in the same directory.
+    if basename in (".", "..") or "/" in basename or os.sep in basename:
+        raise ValueError(
+            f"checkpoint_basename must be a file name inside the logdir, not a path: {basename!r}"
+        )
+    if not basename.isprintable():
+        # A NUL ends the name where the file system reads it: the files would be
+        # written under another name than the one looked for at the next start.
+        raise ValueError(f"checkpoint_basename must be printable characters only, not {basename!r}")
+    if any(c in basename for c in "*?[]"):
+        # tf.train.latest_checkpoint globs `<prefix>.index`: `m[1]` would never be found.
         raise ValueError(
             f"checkpoint_basename {basename!r} has a glob character (* ? [ ]); "
-            "TensorFlow's checkpoint cleanup would match other files with it"
+            "TensorFlow looks checkpoints up by pattern, and would not find it"
         )
     return basename
 
@@ -340,10 +339,14 @@ def _check_error_types(types: Any) -> tuple[type[BaseException], ...]:
 
 
 def _check_hooks(hooks: Any) -> tuple[Hook, ...]:
+    if isinstance(hooks, Hook) or not isinstance(hooks, Iterable) or isinstance(hooks, str):
+        raise ValueError(
+            f"hooks must be a list (or tuple) of asupervisor.Hook instances, not {hooks!r}"
+        )
     checked: tuple[Hook, ...] = tuple(hooks)
     for hook in checked:
         if not isinstance(hook, Hook):
-            raise ValueError(f"hooks must be asupervisor.Hook instances, not {hook!r}")
+            raise ValueError(f"hooks must hold asupervisor.Hook instances, not {hook!r}")
     return checked
 
 
@@ -369,22 +372,15 @@ def _make_global_step(variable: Any) -> tuple[Any, bool]:
     if variable is None:
         return tf.Variable(0, dtype=tf.int64, name="global_step", trainable=False), True
     try:
-        is_integer = tf.as_dtype(variable.dtype).is_integer
+        dtype = tf.as_dtype(variable.dtype)
         is_scalar = tuple(variable.shape) == ()
         is_variable = hasattr(variable, "assign_add")
     except (AttributeError, TypeError):
-        is_integer = is_scalar = is_variable = False
-    if not (is_integer and is_scalar and is_variable):
+        dtype, is_scalar, is_variable = None, False, False
+    if not (dtype is not None and dtype.is_integer and is_scalar and is_variable):
         raise ValueError(f"global_step must be a scalar integer tf.Variable, not {variable!r}")
+    if dtype not in (tf.int32, tf.int64):
+        # A narrow step wraps around (int8: after 127 comes -128) and numbers the
+        # checkpoints backwards: a restart resumes from the wrong one.
+        raise ValueError(f"global_step must be an int32 or int64 variable, not {dtype.name}")
     return variable, False
-
-
-def _make_checkpoint(checkpoint: Any, global_step: Any, position: Any) -> tf.train.Checkpoint:
-    import tensorflow as tf
-
-    if checkpoint is not None and not isinstance(checkpoint, (tf.train.Checkpoint, Mapping)):
-        raise ValueError(
-            "checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, "
-            f"not {checkpoint!r}"
-        )
-    return checkpoint_root(checkpoint, global_step, position)

@@ -8,6 +8,7 @@ not match a model, instead of restoring part of it.
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from typing import Any
 
 
@@ -66,52 +67,47 @@ def _holds_state(obj: Any) -> bool:
     return False
 
 
-def shape_differences(checkpoint: Any, path: str) -> list[str]:
+def shape_differences(children: Mapping[str, Any], path: str) -> list[str]:
     """``"name: checkpoint (3,), model (5,)"`` for every variable whose shape differs.
 
-    Variables are named by their first path from the root, breadth first, as TF
-    names them when it saves.
+    ``children`` are the root's objects by name. Variables are named by their first
+    path from the root, breadth first, as TF names them when it saves.
     """
     import tensorflow as tf
 
     saved = reader_of(path).get_variable_to_shape_map()
-    view = tf.train.TrackableView(checkpoint)
-    seen, queue, found = {id(checkpoint)}, [(checkpoint, "")], []
+    seen = {id(child) for child in children.values()}
+    queue, found = list(children.items()), []
     while queue:
-        obj, prefix = queue.pop(0)
-        for name, child in view.children(obj).items():
-            if id(child) in seen:
-                continue
-            seen.add(id(child))
-            child_path = f"{prefix}{name}"
-            key = f"{child_path}/.ATTRIBUTES/VARIABLE_VALUE"
-            shape = getattr(child, "shape", None)
-            if key in saved and shape is not None and list(shape) != saved[key]:
-                found.append(f"{child_path}: checkpoint {tuple(saved[key])}, model {tuple(shape)}")
-            queue.append((child, child_path + "/"))
+        child_path, child = queue.pop(0)
+        key = f"{child_path}/.ATTRIBUTES/VARIABLE_VALUE"
+        shape = getattr(child, "shape", None)
+        if key in saved and shape is not None and list(shape) != saved[key]:
+            found.append(f"{child_path}: checkpoint {tuple(saved[key])}, model {tuple(shape)}")
+        for name, grandchild in tf.train.TrackableView(child).children(child).items():
+            if id(grandchild) not in seen:
+                seen.add(id(grandchild))
+                queue.append((f"{child_path}/{name}", grandchild))
     return found
 
 
-def top_level_differences(checkpoint: Any, path: str) -> tuple[list[str], list[str]]:
+def top_level_differences(children: Mapping[str, Any], path: str) -> tuple[list[str], list[str]]:
     """The top-level names only the model has (with state), and only the checkpoint has.
 
     The names come from the object graph saved in the checkpoint, not from the
     tensors' keys: TF names a value by its first path in the graph, so a model's
     variables may be saved under the optimizer that also tracks them.
     """
-    import tensorflow as tf
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
         reader_of(path).get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
     )
-    saved = {child.local_name for child in graph.nodes[0].children}
-    live = tf.train.TrackableView(checkpoint).children(checkpoint)
-    saved.discard("save_counter")  # the Checkpoint's own counter, created on first save
-    missing = sorted(
-        n for n, obj in live.items() if n not in saved and n != "save_counter" and _holds_state(obj)
-    )
-    unexpected = sorted(n for n in saved if n not in live)
+    # A root given as `root=` is its own child "root" (node 0): not an object of its own.
+    saved = {child.local_name for child in graph.nodes[0].children if child.node_id != 0}
+    saved.discard("save_counter")  # a Checkpoint's own counter, in older checkpoints
+    missing = sorted(n for n, obj in children.items() if n not in saved and _holds_state(obj))
+    unexpected = sorted(n for n in saved if n not in children)
     return missing, unexpected
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import numbers
 import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
@@ -20,11 +21,8 @@ class StopAtStepHook(Hook):
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
         _exactly_one(num_steps=num_steps, last_step=last_step)
-        _whole("num_steps", num_steps, minimum=1)
-        _whole("last_step", last_step, minimum=0)
-        self._num_steps = num_steps
-        self._last_step = last_step
-        self.last_step: int | None = last_step
+        self._num_steps = _whole("num_steps", num_steps, minimum=1)
+        self.last_step: int | None = _whole("last_step", last_step, minimum=0)
 
     def after_create_session(self, session: ManagedSession) -> None:
         if self._num_steps is not None:
@@ -46,11 +44,13 @@ def _exactly_one(**named: object) -> None:
         raise ValueError(f"give exactly one of {names}, not {' and '.join(given) or 'neither'}")
 
 
-def _whole(name: str, value: Any, *, minimum: int) -> None:
+def _whole(name: str, value: Any, *, minimum: int) -> int | None:
+    """An int (numpy's too) ``>= minimum``, or ``None``."""
     if value is not None and (
-        isinstance(value, bool) or not isinstance(value, int) or value < minimum
+        isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum
     ):
         raise ValueError(f"{name} must be an int >= {minimum} or None, not {value!r}")
+    return None if value is None else int(value)
 
 
 def _loss_of(result: Any) -> Any:
@@ -63,6 +63,8 @@ class NanLossHook(Hook):
     """Fail (``NanLossError``) or stop (reason ``nan``) when a step's loss is NaN."""
 
     def __init__(self, fail_on_nan: bool = True) -> None:
+        if not isinstance(fail_on_nan, bool):
+            raise ValueError(f"fail_on_nan must be True or False, not {fail_on_nan!r}")
         self.fail_on_nan = fail_on_nan
 
     def after_run(self, ctx: RunContext, result: Any) -> None:
@@ -81,15 +83,14 @@ class LoggingHook(Hook):
 
     def __init__(self, every_n_steps: int | None = None, every_n_secs: float | None = None) -> None:
         _exactly_one(every_n_steps=every_n_steps, every_n_secs=every_n_secs)
-        _whole("every_n_steps", every_n_steps, minimum=1)
+        self._every_steps = _whole("every_n_steps", every_n_steps, minimum=1)
         if every_n_secs is not None and (
             isinstance(every_n_secs, bool)
-            or not isinstance(every_n_secs, (int, float))
+            or not isinstance(every_n_secs, numbers.Real)
             or not 0 < every_n_secs < math.inf
         ):
             raise ValueError(f"every_n_secs must be a number > 0, not {every_n_secs!r}")
-        self._every_steps = every_n_steps
-        self._every_secs = every_n_secs
+        self._every_secs = None if every_n_secs is None else float(every_n_secs)
         self._last_time = -math.inf
         self._last_step: int | None = None
 

@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import time
+
 from asupervisor import ManagedSession
 
 from ._checks import positive
 
 
 class CheckpointService:
-    """Saves every ``interval_secs``; the final save on a clean stop is the session's.
+    """Saves at the first step boundary at least ``interval_secs`` after the last save
+    (of any kind, or the session's start), as TF's ``CheckpointSaverHook`` times its
+    saves; the final save on a clean stop is the session's.
 
     The save runs on the training thread at a step boundary, so it always captures
-    the state of one step boundary (in a multi-worker job, after an agreed step).
+    the state of one step boundary (in a multi-worker job, after an agreed step). A
+    failed save is tried again ``interval_secs`` after the attempt.
     """
 
     name = "checkpoint"
@@ -20,5 +25,14 @@ class CheckpointService:
         self.interval_secs = positive("interval_secs", interval_secs)
 
     async def run(self, sess: ManagedSession) -> None:
-        while not await sess.sleep_until_stop(self.interval_secs):
+        attempted = time.monotonic()  # the session's start
+        while True:
+            last = sess.last_save
+            since = attempted if last is None or last[1] is None else max(last[1], attempted)
+            wait = since + self.interval_secs - time.monotonic()
+            if wait > 0:
+                if await sess.sleep_until_stop(wait):
+                    return
+                continue  # a save may have come meanwhile: it counts from there
+            attempted = time.monotonic()
             await sess.save_checkpoint()

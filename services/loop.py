@@ -11,7 +11,7 @@ import anyio
 
 from asupervisor import ManagedSession
 
-from ._checks import positive
+from ._checks import non_negative
 
 
 class LoopService:
@@ -20,6 +20,7 @@ class LoopService:
     A coroutine function is awaited on the event loop; a plain function runs in
     a worker thread so that it never blocks the loop. A call that overruns the
     interval is followed by the next one at once, without a burst to catch up.
+    ``interval_secs=0`` calls it back to back (as TF's ``LooperThread`` with 0).
     """
 
     def __init__(
@@ -29,7 +30,7 @@ class LoopService:
         args: tuple[Any, ...] = (),
         kwargs: dict[str, Any] | None = None,
     ) -> None:
-        self.interval_secs = positive("interval_secs", interval_secs)
+        self.interval_secs = non_negative("interval_secs", interval_secs)
         if not callable(target):
             raise ValueError(f"target must be callable, not {target!r}")
         self.target = target

@@ -169,3 +169,33 @@ def test_a_full_disk_under_summaries_is_an_error_not_end_of_data(tmp_path: Path)
     assert done.returncode != 0, done.stdout
     assert "end_of_data" not in done.stdout + done.stderr
     assert "OutOfRangeError" in done.stderr or "ResourceExhausted" in done.stderr, done.stderr
+
+
+async def test_the_end_of_data_from_a_call_is_a_clean_end_with_a_final_checkpoint(
+    logdir: str,
+) -> None:
+    pair = Pair()
+    it = iter(tf.data.Dataset.range(3))
+    async with make(logdir, pair).session() as sess:
+        while True:
+            await sess.call(next, it)  # reading the data between steps, as TF1 programs do
+            await sess.run(pair.step)
+    assert sess.stop_reason == "end_of_data" and sess.outcome is asv.Outcome.DONE
+    assert sess.global_step == 3
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-3")
+
+
+async def test_a_users_own_out_of_range_error_in_a_step_ends_cleanly(logdir: str) -> None:
+    # As TF1's Supervisor, MonitoredSession and Coordinator: the type says it.
+    pair = Pair()
+
+    def step() -> None:
+        if float(pair.a.numpy()) == 4.0:
+            raise tf.errors.OutOfRangeError(None, None, "no more data")
+        pair.step()
+
+    async with make(logdir, pair).session() as sess:
+        while not sess.should_stop():
+            await sess.run(step)
+    assert sess.stop_reason == "end_of_data" and sess.outcome is asv.Outcome.DONE
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-4")

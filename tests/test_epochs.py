@@ -217,3 +217,38 @@ def test_train_with_epochs_killed_mid_epoch_resumes_at_the_same_batch(tmp_path: 
     batches = [int(b) for b in re.findall(r"ran batch (\d+)", out)]
     assert batches[0] == batch  # it goes on at that batch of that epoch
     assert len(batches) == 40 - step  # to the end of epoch 4: nothing twice, nothing skipped
+
+
+@pytest.mark.asyncio
+async def test_a_recovered_error_inside_train_epochs_takes_the_data_back_with_the_state(
+    logdir: str,
+) -> None:
+    v = tf.Variable(0.0)
+    per_epoch: dict[int, int] = {}
+    failed: list[int] = []
+
+    def step(batch: tf.Tensor) -> None:
+        epoch = int(v.numpy()) // 8
+        if int(v.numpy()) == 13 and not failed:  # once, in the middle of epoch 1
+            failed.append(13)
+            raise tf.errors.UnavailableError(None, None, "a flaky device")
+        v.assign_add(1.0)
+        per_epoch[epoch] = per_epoch.get(epoch, 0) + 1
+
+    async with make(logdir, v=v).session() as sess:  # saves every 4 steps: 12 is on disk
+        ran = await sess.train(step, tf.data.Dataset.range(8), epochs=3)
+    assert failed and sess.global_step == 24 and sess.data_position == (3, 0)
+    assert float(v.numpy()) == 24.0
+    # Restored to step 12 = (1, 4): epoch 1 again from its batch 4, not from where it was.
+    assert per_epoch == {0: 8, 1: 8 + 1, 2: 8}  # the one step at 12 ran twice: it was undone
+    assert ran == 25  # every step that ran, the undone one too
+
+
+@pytest.mark.asyncio
+async def test_an_iterator_that_runs_out_once_is_refused_with_epochs(logdir: str) -> None:
+    v = tf.Variable(0.0)
+    async with make(logdir, v=v).session() as sess:
+        for data in (iter(tf.data.Dataset.range(4)), iter(range(4)), (i for i in range(4))):
+            with pytest.raises(ValueError, match="iterator"):
+                await sess.train(lambda b: v.assign_add(1.0), data, epochs=3)
+        assert sess.global_step == 0

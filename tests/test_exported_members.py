@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import enum
 import traceback
 import types
 
@@ -32,7 +33,9 @@ def test_all_is_exactly_the_public_namespace() -> None:
 def test_public_names_say_asupervisor_not_their_private_module() -> None:
     for name in asupervisor.__all__:
         member = getattr(asupervisor, name)
-        if isinstance(member, type):
+        if isinstance(member, enum.EnumMeta):
+            assert member.__module__ == "asupervisor", name
+        elif isinstance(member, type):
             assert member.__module__ == "asupervisor", name
             assert repr(member) == f"<class 'asupervisor.{name}'>"
     error = asupervisor.CheckpointSaveError("disk full")

@@ -44,4 +44,4 @@ def test_the_fault_report_prints_its_table() -> None:
     (row,) = [line for line in done.stdout.splitlines() if line.startswith("| SIGTERM")]
     cells = [c.strip() for c in row.strip("|").split("|")]
     assert cells[1:5] == ["1", "1", "0", "0"]  # trials, resumed, lost steps, corrupt
-    assert cells[5].startswith("exit 0")
+    assert cells[5].startswith("exit 42")  # preempted: saved, to be started again

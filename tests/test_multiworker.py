@@ -270,3 +270,72 @@ def test_fit_in_a_multi_worker_job_is_refused_before_any_batch(
         assert proc.returncode == 0, output[-3000:]
         assert "refused at step 0: sess.fit cannot run in a multi-worker job" in output
         assert "keras-team/keras#20585" in output and "sess.train" in output
+
+
+STEP_BY_TWO = """
+import sys
+
+import anyio
+import tensorflow as tf
+
+import asupervisor as asv
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+with strategy.scope():  # MEAN: each update is an all-reduce, so the workers go in lockstep
+    w = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
+step_var = tf.Variable(0, dtype=tf.int64)  # the user's step: 2 per step, as with 2 micro-batches
+
+
+@tf.function
+def step():
+    strategy.run(lambda: w.assign_add(1.0))
+    step_var.assign_add(2)
+
+
+async def main() -> None:
+    sv = asv.Supervisor(
+        sys.argv[1], checkpoint={"w": w}, global_step=step_var, strategy=strategy,
+        is_chief=None, save_model_secs=0, save_model_steps=1000, save_summaries_secs=0,
+        handle_signals=False,
+    )
+    worker = sv.role.rank
+    async with sv.session() as sess:
+        while not sess.should_stop():
+            await sess.run(step)
+            if worker == 1 and sess.global_step == 20:
+                sess.request_stop(reason="eval:done")  # a reason with the old separator in it
+    print(f"stopped at step {sess.global_step} ({sess.stop_reason}) {sess.outcome.name}")
+
+
+anyio.run(main)
+"""
+
+
+def test_an_agreed_stop_with_any_reason_is_taken_by_steps_that_advance_by_two(
+    tmp_path: Path, scratch: Path
+) -> None:
+    logdir = tmp_path / "run"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch)}
+    job = [
+        subprocess.Popen(
+            [sys.executable, "-c", STEP_BY_TWO, str(logdir)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env={**env, "TF_CONFIG": config},
+        )
+        for config in local_tf_configs(2)
+    ]
+    try:
+        outputs = [proc.communicate(timeout=180)[0] for proc in job]
+    finally:
+        for proc in job:
+            proc.kill()
+    stops = [re.search(r"stopped at step (\d+) \((.+)\) (\w+)", out) for out in outputs]
+    assert all(stops), outputs[0][-3000:] + outputs[1][-3000:]
+    steps = {int(s[1]) for s in stops if s}
+    assert [proc.returncode for proc in job] == [0, 0]
+    assert len(steps) == 1 and steps.pop() == 22  # both after the same step: the next one
+    assert all(s[2] == "eval:done" and s[3] == "DONE" for s in stops if s)
+    assert "cluster.decision_missed" not in outputs[0] + outputs[1]
+    assert checkpoint_steps(logdir)[-1] == 22  # one final checkpoint, at that step

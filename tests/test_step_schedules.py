@@ -87,11 +87,12 @@ async def test_summaries_every_n_steps_with_the_rate_from_the_first_step(logdir:
     (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
     reader = EventAccumulator(path)
     reader.Reload()
-    assert [e.step for e in reader.Tensors("v")] == [5, 10]
+    # As TF's SummarySaverHook: at the session's first step, then every 5 (TF: 1, 6, 11).
+    assert [e.step for e in reader.Tensors("v")] == [1, 6, 11]
     values = [float(tf.make_ndarray(e.tensor_proto)) for e in reader.Tensors("v")]
-    assert values == [5.0, 10.0]  # summary_fn's value at the step it is labelled with
+    assert values == [1.0, 6.0, 11.0]  # summary_fn's value at the step it is labelled with
     rates = reader.Tensors("global_step/sec")
-    assert [e.step for e in rates] == [5, 10]
+    assert [e.step for e in rates] == [6, 11]  # from the end of the first step
     assert all(float(tf.make_ndarray(e.tensor_proto)) > 0 for e in rates)
 
 

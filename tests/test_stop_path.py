@@ -152,9 +152,12 @@ async def test_state_is_saved_when_the_global_step_never_moves(
             await sess.run(pair.step)
     assert len(named(events, "step.not_advancing")) == 1
     latest = tf.train.latest_checkpoint(logdir)
-    assert latest.endswith("model.ckpt-0")
+    # Beside the first checkpoint of step 0, never over it (a crash mid-rewrite would tear it).
+    assert latest.endswith("model.ckpt-0_1")
     reader = tf.train.load_checkpoint(latest)
     assert reader.get_tensor("p/a/.ATTRIBUTES/VARIABLE_VALUE") == 50.0  # the trained state
+    first = tf.train.load_checkpoint(os.path.join(logdir, "model.ckpt-0"))
+    assert first.get_tensor("p/a/.ATTRIBUTES/VARIABLE_VALUE") == 0.0  # untouched
 
 
 async def test_a_supervisor_leaves_the_users_checkpoint_unchanged(logdir: str) -> None:
@@ -232,7 +235,7 @@ async def test_the_loop_never_stalls_while_a_session_closes_with_a_write_in_flig
         checkpoint={"big": big},
         async_checkpoint=True,
         save_model_secs=0,
-        save_model_steps=1000,
+        save_model_steps=1,
         save_summaries_secs=0,
         handle_signals=False,
     )
@@ -250,8 +253,8 @@ async def test_the_loop_never_stalls_while_a_session_closes_with_a_write_in_flig
         tg.start_soon(heartbeat)
         with pytest.raises(RuntimeError, match="body fails"):
             async with sv.session() as sess:
-                await sess.call(lambda: big.w[0].assign_add(tf.ones_like(big.w[0])))
-                await sess.save_checkpoint()  # a 200 MB background write starts
+                # One step: the step-based save after it starts a 200 MB background write.
+                await sess.run(lambda: big.w[0].assign_add(tf.ones_like(big.w[0])))
                 closing.append(time.perf_counter())
                 raise RuntimeError("body fails with the write in flight")
         closing.append(time.perf_counter())
@@ -342,3 +345,44 @@ async def test_the_final_save_does_not_wait_for_the_datas_iterator_to_be_destroy
     assert not destroyed_early, "the session waited for the iterator's destructor"
     assert saved_step(tf.train.latest_checkpoint(logdir)) == 5
     assert data.destroyed_on and "asupervisor-training" not in data.destroyed_on
+
+
+async def test_a_signal_to_a_body_that_trains_in_its_own_task_group_is_a_clean_stop(
+    logdir: str, pair: Pair
+) -> None:
+    async def train(sess: asv.ManagedSession) -> None:
+        while True:  # ends with SessionStopped, inside the body's own task group
+            await sess.run(pair.step)
+            if sess.global_step == 5:
+                signal.raise_signal(signal.SIGTERM)
+            await anyio.sleep(0)
+
+    async with make(logdir, pair, handle_signals=True, stop_grace_secs=60).session() as sess:
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(train, sess)
+    assert sess.stop_reason == "signal" and sess.outcome is asv.Outcome.PREEMPTED
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest.endswith(f"model.ckpt-{sess.global_step}") and sess.global_step >= 5
+
+
+class Departure(BaseException):
+    """Not an Exception: what a service may raise to leave in a hurry."""
+
+
+@pytest.mark.parametrize("raised", [Departure("gone"), GeneratorExit(), SystemExit(3)])
+async def test_a_service_that_raises_a_base_exception_ends_the_session_with_that_object(
+    logdir: str, pair: Pair, raised: BaseException
+) -> None:
+    sv = make(logdir, pair, stop_grace_secs=60)  # the first step's tracing may be slow
+
+    @sv.service
+    async def leaves(sess: asv.ManagedSession) -> None:
+        await anyio.sleep(0.05)
+        raise raised
+
+    with pytest.raises(type(raised)) as caught:
+        async with sv.session() as sess:
+            while True:
+                await sess.run(pair.step)
+                await anyio.sleep(0.001)
+    assert caught.value is raised  # the object itself, not wrapped in a group

@@ -169,7 +169,8 @@ async def test_step_results_are_averaged_over_each_step_interval(logdir: str) ->
         for _ in range(8):
             await sess.run(step)
     _, acc = read_events(logdir)
-    assert scalars(acc, "loss") == [(4, 2.5), (8, 6.5)]  # means of 1..4 and 5..8
+    # As TF's SummarySaverHook: at the first step, then every 4: means of 1 and of 2..5.
+    assert scalars(acc, "loss") == [(1, 1.0), (5, 3.5)]
     assert "note" not in acc.Tags()["tensors"]
 
 
@@ -267,3 +268,60 @@ async def test_each_session_start_drops_the_points_a_crashed_session_wrote_after
     assert points(acc, "v") == [
         (1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0), (7, 52.0), (8, 53.0)
     ]  # fmt: skip
+
+
+async def test_a_summary_written_between_steps_is_at_the_step_it_reads(logdir: str) -> None:
+    # The DCGAN port: epoch-end values written with sess.call after step N are at N.
+    v = tf.Variable(0.0)
+
+    @tf.function
+    def step() -> None:
+        v.assign_add(1.0)
+
+    sv = asv.Supervisor(
+        logdir, checkpoint={"v": v}, save_model_secs=0, save_summaries_secs=0, handle_signals=False
+    )
+    async with sv.session() as sess:
+        for _ in range(3):
+            for _ in range(10):
+                await sess.run(step)
+            await sess.call(lambda: tf.summary.scalar("epoch_end", v))
+    _, acc = read_events(logdir)
+    assert scalars(acc, "epoch_end") == [(10, 10.0), (20, 20.0), (30, 30.0)]
+
+
+async def test_a_deleted_events_file_under_a_traced_summary_step_is_renewed_in_place(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    v = tf.Variable(0.0)
+
+    @tf.function
+    def step() -> None:
+        v.assign_add(1.0)
+        tf.summary.scalar("in_step", v)
+
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"v": v},
+        save_model_secs=0,
+        save_summaries_secs=0.05,
+        summary_fn=lambda: {"v": v},
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        for _ in range(5):
+            await sess.run(step)
+            await anyio.sleep(0.02)
+        (first,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+        os.remove(first)
+        while not [e for e in events if e["event"] == "summary.file_lost"]:
+            await sess.run(step)  # the traced step keeps its writer: no crash
+            await anyio.sleep(0.02)
+        for _ in range(5):
+            await sess.run(step)
+    (second,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    acc = EventAccumulator(second, size_guidance={"tensors": 0})
+    acc.Reload()
+    points = scalars(acc, "in_step")
+    assert points and all(step == value for step, value in points), points  # at N+1, not N
+    assert points[-1] == (sess.global_step, float(sess.global_step))

@@ -44,11 +44,51 @@ from asupervisor.hooks import LoggingHook, StopAtStepHook
         ({"global_step": tf.Variable(1.5)}, "global_step"),
         ({"global_step": tf.Variable([1, 2])}, "global_step"),
         ({"global_step": 7}, "global_step"),
+        # Found from outside (issue 21): each once accepted, or refused in other words.
+        ({"global_step": tf.Variable(0, dtype=tf.int8)}, "global_step must be an int32 or int64"),
+        ({"global_step": tf.Variable(0, dtype=tf.uint8)}, "global_step must be an int32 or int64"),
+        ({"checkpoint_basename": ".."}, "checkpoint_basename must be a file name inside"),
+        ({"checkpoint_basename": "model\x00ckpt"}, "checkpoint_basename must be printable"),
+        ({"checkpoint_basename": "m[1]"}, "glob character"),
+        ({"hooks": None}, "hooks must be a list"),
+        ({"hooks": asv.Hook()}, "hooks must be a list"),
+        (
+            {"checkpoint": {"save_counter": tf.Variable(1)}},
+            "checkpoint has an entry 'save_counter'",
+        ),
+        ({"checkpoint": {"data_position": tf.Variable(1)}}, "checkpoint has an entry 'data_posi"),
+        ({"checkpoint": {"fit_state": tf.Variable(1)}}, "checkpoint has an entry 'fit_state'"),
+        ({"checkpoint": {"global_step": tf.Variable(1)}}, "pass the step variable as global_st"),
+        ({"checkpoint": {"w": 3.0}}, "checkpoint: .*trackable"),
     ],
 )
 def test_bad_setting_names_the_argument(logdir: str, kwargs: dict[str, Any], named: str) -> None:
     with pytest.raises(ValueError, match=named):
         asv.Supervisor(logdir, **kwargs)
+
+
+def test_numpy_and_config_numbers_are_numbers(logdir: str) -> None:
+    np = pytest.importorskip("numpy")
+    sv = asv.Supervisor(
+        logdir,
+        save_model_steps=np.int64(5),
+        save_model_secs=np.float32(5),
+        max_to_keep=np.int32(2),
+        stop_grace_secs=np.float64(1.5),
+        handle_signals=np.bool_(False),
+    )
+    assert sv.save_model_steps == 5 and type(sv.save_model_steps) is int
+    assert sv.save_model_secs == 5.0 and type(sv.save_model_secs) is float
+    assert sv.max_to_keep == 2 and sv.handle_signals is False
+    assert StopAtStepHook(num_steps=np.int64(3))._num_steps == 3
+    assert LoggingHook(every_n_secs=np.float32(0.5)) is not None
+
+
+def test_a_nan_hook_takes_only_a_bool() -> None:
+    from asupervisor.hooks import NanLossHook
+
+    with pytest.raises(ValueError, match="fail_on_nan"):
+        NanLossHook(fail_on_nan="no")  # type: ignore[arg-type]
 
 
 def test_summary_fn_without_anywhere_to_write_is_refused() -> None:
@@ -83,10 +123,10 @@ def test_service_policy_is_checked(logdir: str) -> None:
         sv.add_service(svc, on_error="ignore")
     with pytest.raises(ValueError, match="max_restarts"):
         sv.add_service(svc, max_restarts=-1)
-    with pytest.raises(TypeError, match="coroutine function"):
+    with pytest.raises(ValueError, match="coroutine function"):
         sv.add_service(lambda sess: None)
     with pytest.raises(ValueError, match="interval_secs"):
-        sv.loop(0, print)
+        sv.loop(-1, print)
 
 
 def test_defaults_follow_the_contract(logdir: str) -> None:
@@ -100,21 +140,18 @@ def test_defaults_follow_the_contract(logdir: str) -> None:
     assert sv.recoverable_errors == (tf.errors.AbortedError, tf.errors.UnavailableError)
     assert sv.is_chief and sv.handle_signals and not sv.async_checkpoint
     assert sv.global_step.dtype == tf.int64 and sv.global_step.name.startswith("global_step")
-    assert sv.checkpoint.global_step is sv.global_step
-    assert sv.checkpoint_manager is None  # made by a session, which reads the logdir
     assert isinstance(sv.coord, asv.Coordinator)
 
 
-def test_mapping_becomes_a_checkpoint_with_the_step(logdir: str) -> None:
+def test_mapping_becomes_a_checkpoint_the_step_is_saved_beside(logdir: str) -> None:
     v = tf.Variable(3.0)
     sv = asv.Supervisor(logdir, checkpoint={"v": v})
     assert isinstance(sv.checkpoint, tf.train.Checkpoint)
-    assert sv.checkpoint.v is v and sv.checkpoint.global_step is sv.global_step
+    assert sv.checkpoint.v is v and not hasattr(sv.checkpoint, "global_step")
 
 
 def test_no_logdir_means_no_checkpoints_or_summaries() -> None:
     sv = asv.Supervisor(None)
-    assert sv.checkpoint_manager is None
     assert sv.summary_writer is None
     assert not sv.checkpointing
 

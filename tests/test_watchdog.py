@@ -48,3 +48,49 @@ async def test_steps_within_the_timeout_are_left_alone(events: list[dict[str, An
             await sess.run(time.sleep, 0.1)
     assert sess.stop_reason == "requested"
     assert not named(events, "step.timeout")
+
+
+async def test_the_watchdog_times_each_step_of_a_train_loop_not_the_whole_loop(
+    events: list[dict[str, Any]],
+) -> None:
+    # 150 steps of 20 ms: 3 s in all, each step far within 1 s.
+    sv = asv.Supervisor(None, step_timeout_secs=1, handle_signals=False)
+    async with sv.session() as sess:
+        ran = await sess.train(lambda _: time.sleep(0.02), range(150))
+    assert ran == 150 and sess.stop_reason == "requested"
+    assert not named(events, "step.timeout")
+
+
+async def test_the_watchdog_catches_one_hung_step_inside_a_train_loop(
+    events: list[dict[str, Any]],
+) -> None:
+    def step(i: int) -> None:
+        time.sleep(0.01 if i < 20 else 10)
+
+    sv = asv.Supervisor(None, step_timeout_secs=0.5, stop_grace_secs=0.2, handle_signals=False)
+    with pytest.raises(asv.StepTimeout):
+        async with sv.session() as sess:
+            await sess.train(step, range(100))
+    (report,) = named(events, "step.timeout")
+    assert report["step"] == 20  # the 21st step hung; the 20 before it did not count
+    assert sess.outcome is asv.Outcome.STUCK
+
+
+async def test_the_watchdog_times_each_batch_of_fit() -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    model = keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+
+    class Slow(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            time.sleep(0.02)
+
+    x = np.zeros((64, 4), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(1)  # 64 batches
+    sv = asv.Supervisor(None, step_timeout_secs=1, handle_signals=False)
+    async with sv.session() as sess:
+        await sess.fit(model, data, epochs=1, callbacks=[Slow()], verbose=0)
+    assert sess.global_step == 64 and sess.stop_reason == "requested"

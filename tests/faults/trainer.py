@@ -121,4 +121,4 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
-    anyio.run(main, parse())
+    sys.exit(asv.run(main, parse()))  # the exit status says how it ended (preempted: 42)

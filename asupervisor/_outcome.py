@@ -1,0 +1,114 @@
+"""Why a session stopped, and how it ended: each defined once, here, as an enum.
+
+``StopReason`` is why the stop was asked for (the first stop fixes it); ``Outcome`` is
+what the session's end means for whoever runs the process: done, preempted, failed
+(worth a retry or not), stuck, or stopped at once. Each outcome has the process exit
+status a run should end with, so that an orchestrator can tell them apart.
+"""
+
+from __future__ import annotations
+
+import enum
+import sys
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+
+class StopReason(str, enum.Enum):
+    """Why a session was asked to stop. A ``str``: ``sess.stop_reason == "signal"`` holds.
+
+    A reason a user gives (``sess.request_stop(reason="eval_done")``) is kept as the
+    user's own string; these are the library's own.
+    """
+
+    REQUESTED = "requested"
+    """Asked for without a reason: the body left, ``request_stop()``, a hook, a service."""
+    EXCEPTION = "exception"
+    """An error anywhere: a step, a hook, a service, a save."""
+    SIGNAL = "signal"
+    """SIGTERM or SIGINT (or another graceful-stop signal): preempted."""
+    END_OF_DATA = "end_of_data"
+    """The data ran out: ``StopIteration`` or ``tf.errors.OutOfRangeError`` from user code."""
+    STEP_LIMIT = "step_limit"
+    """``StopAtStepHook`` reached its step."""
+    NAN = "nan"
+    """``NanLossHook(fail_on_nan=False)`` saw a NaN loss."""
+    TIMEOUT = "timeout"
+    """The watchdog saw one step run longer than ``step_timeout_secs``."""
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def reason_of(reason: StopReason | str) -> StopReason | str:
+    """The library's own reason as its member; any other string as it is."""
+    try:
+        return StopReason(reason)
+    except ValueError:
+        return reason
+
+
+class Outcome(enum.Enum):
+    """How a session ended, and the exit status a process that ends with it should have.
+
+    ``asupervisor.exit_status(outcome)`` and the examples use these statuses; the
+    README's "Exit statuses" table says why each is what it is.
+    """
+
+    DONE = "done"
+    """A clean stop for any reason but a signal: a step limit, the end of the data, the
+    body left, a user's stop. The final checkpoint is on disk."""
+    PREEMPTED = "preempted"
+    """A clean stop asked for by a signal before the run was done. The final checkpoint
+    is on disk; run the same command again to go on."""
+    FAILED = "failed"
+    """An error a new attempt may not meet again (an I/O error, a lost worker, an error
+    of unknown kind). Steps since the last checkpoint were not saved."""
+    FAILED_PERMANENTLY = "failed_permanently"
+    """An error a new attempt meets again: bad configuration or input, a checkpoint that
+    does not fit the model, a NaN loss. Retrying cannot help."""
+    STUCK = "stuck"
+    """Work on the training thread outlived the grace period, or the watchdog's limit."""
+    INTERRUPTED = "interrupted"
+    """Stopped at once (a second SIGINT, or a cancellation from outside the session):
+    no final checkpoint."""
+
+    @property
+    def exit_status(self) -> int:
+        return _EXIT_STATUS[self]
+
+
+_EXIT_STATUS = {
+    Outcome.DONE: 0,
+    # TF's PreemptionCheckpointHandler exits 42 after its save: an orchestrator that
+    # restarts on it (a Kubernetes podFailurePolicy) treats both libraries alike, and it
+    # is not 143, which a process killed by SIGTERM without saving also shows.
+    Outcome.PREEMPTED: 42,
+    Outcome.FAILED: 1,  # what an uncaught Python exception exits with
+    Outcome.FAILED_PERMANENTLY: 78,  # EX_CONFIG (sysexits.h): configuration error
+    Outcome.STUCK: 124,  # what timeout(1) exits with when it ends a command
+    Outcome.INTERRUPTED: 130,  # 128 + SIGINT, as a shell reports Ctrl-C
+}
+
+
+def is_permanent(error: BaseException) -> bool:
+    """Whether a new attempt would meet ``error`` again: a wrong model or logdir, bad
+    input or configuration, a diverged run. Anything else may be passing."""
+    from ._errors import CheckpointMismatchError, NanLossError
+
+    permanent: tuple[type[BaseException], ...] = (
+        CheckpointMismatchError,
+        NanLossError,
+        TypeError,
+        ValueError,
+        AttributeError,
+        NameError,
+        ImportError,
+        SyntaxError,
+        NotImplementedError,
+        AssertionError,
+    )
+    if isinstance(error, BaseExceptionGroup):
+        return all(is_permanent(e) for e in error.exceptions)
+    return isinstance(error, permanent)
