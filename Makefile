@@ -43,6 +43,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/close_stall.py
 	$(PY) benchmarks/fit_overhead.py
 	$(PY) benchmarks/multiworker.py
+	$(PY) benchmarks/object_store.py
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asupervisor services tests examples benchmarks

@@ -17,7 +17,7 @@ from typing import Any
 
 from ._logdir import STATE, checkpoint_bytes, checkpoint_problem, files_problem
 from ._records import read_evaluated, read_records
-from ._store import Store, is_object_store
+from ._store import Store, is_object_store, no_file_system
 
 _INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)(?:_\d+)?\.index$")
 
@@ -157,11 +157,19 @@ def read_events(store: Store, names: list[str], tags: dict[str, TagInfo]) -> lis
 
 def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
     """Read a logdir. Raises FileNotFoundError or NotADirectoryError for a bad path."""
-    if not is_object_store(logdir):
-        if not os.path.exists(logdir):
-            raise FileNotFoundError(f"logdir {logdir!r} does not exist")
-        if not os.path.isdir(logdir):
-            raise NotADirectoryError(f"logdir {logdir!r} is not a directory")
+    if is_object_store(logdir):
+        import tensorflow as tf
+
+        try:
+            is_dir, exists = tf.io.gfile.isdir(logdir), tf.io.gfile.exists(logdir)
+        except tf.errors.UnimplementedError as exc:
+            raise ValueError(no_file_system(logdir)) from exc
+    else:
+        is_dir, exists = os.path.isdir(logdir), os.path.exists(logdir)
+    if not exists:
+        raise FileNotFoundError(f"logdir {logdir!r} does not exist")
+    if not is_dir:
+        raise NotADirectoryError(f"logdir {logdir!r} is not a directory")
     store = Store(logdir)
     names = sorted(store.names())
     latest = _latest_from_state_file(store)

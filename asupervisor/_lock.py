@@ -115,9 +115,16 @@ class LeaseLock:
     or at its next save, and stops with ``LogdirLockedError``. Hosts' clocks must agree
     to well within ``LEASE_SECS``. A killed chief's lease blocks a new chief until it
     expires (at most ``LEASE_SECS``); the error says when.
+
+    A lease that is there but cannot be read (the store failing, or TF's cache of its
+    length gone stale) is nobody's to take: a new chief reads it again for a heartbeat's
+    time and is refused if it still cannot. The holder keeps it while its own last
+    renewal is unexpired (no chief takes over an unexpired lease), so a save does not
+    fail on it.
     """
 
     NAME = ".asupervisor.lease"
+    SIZE = 256  # every lease is written this long: see _write
 
     def __init__(self, store: Store, seconds: float = LEASE_SECS) -> None:
         self.store, self.seconds = store, seconds
@@ -125,20 +132,55 @@ class LeaseLock:
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
         self._stop = threading.Event()
         self._lost: str | None = None
+        self._expires = 0.0  # of this chief's last lease written
+        self._heartbeat: threading.Thread | None = None
 
     def _read(self) -> dict[str, object] | None:
+        """The lease, or ``None`` if there is none; ``LeaseUnreadable`` if it is there
+        but cannot be read or is not a lease."""
+        import tensorflow as tf
+
         try:
-            lease = json.loads(self.store.read(self.NAME))
-        except (OSError, ValueError):
-            return None  # none, or unreadable (a torn write): nobody holds it
-        return lease if isinstance(lease, dict) else None
+            if self.store.kind(self.NAME) is None:
+                return None
+            data = self.store.read(self.NAME)
+        except (FileNotFoundError, tf.errors.NotFoundError):
+            return None  # removed since it was seen
+        except (OSError, tf.errors.OpError) as exc:
+            raise LeaseUnreadable(f"{type(exc).__name__}: {exc}") from exc
+        try:
+            lease = json.loads(data)
+            float(lease["expires"])
+        except (ValueError, TypeError, KeyError) as exc:
+            raise LeaseUnreadable(f"not a lease: {data[:60]!r}") from exc
+        return dict(lease)
 
     def _write(self) -> None:
-        lease = {"owner": self.owner, "expires": time.time() + self.seconds}
-        self.store.write(self.NAME, json.dumps(lease).encode())
+        expires = time.time() + self.seconds
+        # Always the same length: TF's GCS client remembers an object's length for a
+        # while (GCS_STAT_CACHE_MAX_AGE) and fails a read that comes back shorter.
+        lease = json.dumps({"owner": self.owner, "expires": expires}).ljust(self.SIZE)
+        self.store.write(self.NAME, lease.encode())
+        self._expires = expires
+
+    def _read_patiently(self) -> dict[str, object] | None:
+        """The lease, read again while it cannot be read, for a heartbeat's time (a
+        stale cache lets go by then); still unreadable, the chief is refused."""
+        deadline = time.monotonic() + self.seconds / 3
+        while True:
+            try:
+                return self._read()
+            except LeaseUnreadable as exc:
+                if time.monotonic() >= deadline:
+                    raise LogdirLockedError(
+                        f"logdir {self.store.root!r}: its lease {self.path} is there but "
+                        f"could not be read ({exc}), so it may be a live chief's and is not "
+                        "taken over; if no chief runs on this logdir, remove it"
+                    ) from None
+            time.sleep(min(0.5, self.seconds / 30))
 
     def acquire(self) -> None:
-        held = self._read()
+        held = self._read_patiently()
         if held is not None and held.get("owner") != self.owner:
             expires = float(held.get("expires", 0))  # type: ignore[arg-type]
             if expires > time.time():
@@ -150,9 +192,12 @@ class LeaseLock:
             log.warning("logdir.lease_expired", path=self.path, owner=held.get("owner"))
         self._write()
         self.check()  # another chief's write right after ours wins: we stop here
-        threading.Thread(target=self._heartbeat, name="asupervisor-lease", daemon=True).start()
+        self._heartbeat = threading.Thread(target=self._beat, name="asupervisor-lease", daemon=True)
+        self._heartbeat.start()
 
-    def _heartbeat(self) -> None:
+    def _beat(self) -> None:
+        """Renew until stopped, then remove the lease if it is still ours: the one thread
+        that writes the lease also removes it, so no renewal can land after the removal."""
         while not self._stop.wait(self.seconds / 3):
             try:
                 self.check()
@@ -162,10 +207,23 @@ class LeaseLock:
                 return
             except Exception as exc:  # the store is unreachable: the next beat tries again
                 log.warning("logdir.lease_not_renewed", path=self.path, error=repr(exc))
+        try:
+            self.check()
+            self.store.remove(self.NAME)
+        except LogdirLockedError:
+            pass  # not ours any more: not ours to remove
+        except Exception as exc:  # it expires by itself
+            log.warning("logdir.lease_not_removed", path=self.path, error=repr(exc))
 
     def check(self) -> None:
         """Raise ``LogdirLockedError`` if the lease is no longer ours."""
-        held = self._read()
+        try:
+            held = self._read()
+        except LeaseUnreadable as exc:
+            if self._lost is None and self._expires > time.time():
+                log.warning("logdir.lease_unreadable", path=self.path, error=str(exc))
+                return  # ours until our last renewal expires: nobody takes it before
+            held = None
         if self._lost is not None or held is None or held.get("owner") != self.owner:
             raise LogdirLockedError(
                 f"the lease {self.path} was removed or taken by another chief "
@@ -174,10 +232,21 @@ class LeaseLock:
             )
 
     def release(self) -> None:
+        """Stop the heartbeat and wait for it to remove the lease (bounded: a store that
+        hangs leaves the lease to expire). Blocking I/O: not for the event loop."""
         self._stop.set()
-        held = self._read()
-        if held is not None and held.get("owner") == self.owner:
-            self.store.remove(self.NAME)
+        if self._heartbeat is not None:
+            self._heartbeat.join(self.seconds / 3)
+            if self._heartbeat.is_alive():
+                log.warning(
+                    "logdir.lease_not_removed",
+                    path=self.path,
+                    error=f"the store did not answer within {self.seconds / 3:.0f} s",
+                )
+
+
+class LeaseUnreadable(Exception):
+    """The lease is there but cannot be read now, or is not a lease."""
 
 
 def make_lock(store: Store) -> LogdirLock | LeaseLock:

@@ -39,17 +39,37 @@ def is_own(path: str, basename: str) -> bool:
 
 
 def remove_unfinished(store: Store, basename: str) -> list[str]:
-    """Remove the temp directories of saves that never finished (a kill mid-save).
+    """Remove what saves that never finished left (a kill mid-save): their temp
+    directories, and data files of the supervisor's own whose index never came (TF
+    renames a checkpoint's data into place before it writes the index).
 
     Only a chief holding the logdir lock calls this, so no save of its own is
-    under way; the finished checkpoints are never touched.
+    under way; the finished checkpoints are never touched, nor any file of a
+    checkpoint the state file names (one whose index is lost is damaged: reported).
     """
-    pattern = own_pattern(basename, "_temp")
+    temp = own_pattern(basename, "_temp")
+    data = own_pattern(basename, r"\.data-\d+-of-\d+")
+    names = store.names()
+    try:
+        state = read_state(store)
+        listed = [state.model_checkpoint_path, *state.all_model_checkpoint_paths] if state else []
+    except Exception:  # damaged (any parse error): it names nothing we can read
+        listed = []
+    named = {store.name_of(p) for p in listed if p}
     removed = []
-    for name in store.names():
-        if pattern.match(name) and store.kind(name) == "dir":
+    for name in names:
+        if temp.match(name) and store.kind(name) == "dir":
             store.remove_tree(name)
             removed.append(name)
+        elif data.match(name):
+            prefix = name.rsplit(".data-", 1)[0]
+            if (
+                prefix + ".index" not in names
+                and prefix not in named
+                and store.kind(name) == "file"
+            ):
+                store.remove(name)
+                removed.append(name)
     return removed
 
 

@@ -1,4 +1,4 @@
-"""The logdir as a store of files, on any file system TensorFlow has (local, gs://, s3://,
+"""The logdir as a store of files, on any file system TensorFlow has (local, gs://,
 ram://). Every part reads and writes the logdir through here: the checkpoints' listing,
 sync and cleanup, the state file, the lock, the events file, ``asupervisor inspect``.
 
@@ -37,6 +37,18 @@ WRITE_BACK_SECS = 0.05  # how often the write-back thread flushes a growing chec
 def is_object_store(path: str) -> bool:
     """``gs://``, ``s3://``, ``ram://``, ``hdfs://``...: a TF file system without POSIX calls."""
     return "://" in path and not path.startswith("file://")
+
+
+def no_file_system(path: str) -> str:
+    """Why ``path`` cannot be a logdir when TF has no file system for its scheme, and
+    what can be one instead."""
+    scheme = path.split("://")[0]
+    why = f"logdir {path!r}: TensorFlow has no file system for {scheme}://"
+    if scheme == "s3":
+        # tensorflow-io brought s3:// to TF; its last release (0.37.1) is built for TF
+        # before 2.17, and its libraries fail to load on later TF (undefined symbols).
+        why += " (tensorflow-io, which had it, is built for TF before 2.17 and does not load)"
+    return why + "; use a local or mounted path (the bucket mounted with FUSE, NFS), or gs://"
 
 
 class Store:

@@ -43,6 +43,16 @@ def scalars(result: Any) -> dict[str, float]:
     return found
 
 
+def writer_options(store: Store) -> dict[str, int]:
+    """How often the events file is flushed. TF's writer flushes every ``max_queue`` (10)
+    events and every ``flush_millis`` (2 min); a local flush appends what is new. An
+    object cannot be appended to: each flush there uploads the whole file again, and
+    ``tf.summary.*`` inside steps would upload it every few steps. There it is flushed
+    on TF's time (and at each point the summary services write, and at the close);
+    the queue's bound keeps memory bounded when steps write many summaries."""
+    return {} if store.local else {"max_queue": 10_000}
+
+
 def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | None]:
     """A new writer in the logdir and the name of the events file it writes (``None`` if
     unknown). The file is found by what appeared in the directory: only the chief,
@@ -53,7 +63,7 @@ def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | No
         return {n for n in store.names() if n.startswith("events.out.tfevents.")}
 
     before = events()
-    writer = tf.summary.create_file_writer(store.root)
+    writer = tf.summary.create_file_writer(store.root, **writer_options(store))
     writer.flush()
     new = events() - before
     return writer, (new.pop() if len(new) == 1 else None)

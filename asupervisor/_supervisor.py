@@ -21,7 +21,7 @@ from ._retention import KeepBest
 from ._root import user_checkpoint
 from ._services import Registration, register
 from ._session import ManagedSession
-from ._store import is_object_store
+from ._store import is_object_store, no_file_system
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -278,9 +278,7 @@ def _check_object_store(path: str) -> str:
         if tf.io.gfile.exists(path) and not tf.io.gfile.isdir(path):
             raise ValueError(f"logdir {path!r} exists and is not a directory")
     except tf.errors.UnimplementedError as exc:
-        raise ValueError(
-            f"logdir {path!r}: TensorFlow has no file system for {path.split('://')[0]!r}://"
-        ) from exc
+        raise ValueError(no_file_system(path)) from exc
     return path.rstrip("/")
 
 

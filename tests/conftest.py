@@ -6,6 +6,7 @@ import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import structlog
 import tensorflow as tf
 
 import asupervisor as asv
+from tests.gcs_fixture import FakeGcs, binary
 
 
 @pytest.fixture(params=["asyncio", "trio"])
@@ -26,6 +28,37 @@ def anyio_backend(request: pytest.FixtureRequest) -> str:
 @pytest.fixture
 def logdir(tmp_path: Path) -> str:
     return str(tmp_path / "run")
+
+
+@pytest.fixture(scope="session")
+def gcs_server() -> Iterator[FakeGcs]:
+    """The GCS emulator and its proxy (tests/gcs_fixture.py), one for the whole run;
+    skipped only where the emulator's binary cannot run on this machine."""
+    try:
+        subprocess.run([binary(), "--help"], capture_output=True, timeout=60, check=False)
+    except (RuntimeError, OSError) as exc:
+        pytest.skip(f"the fake-gcs-server binary cannot run here: {exc}")
+    with FakeGcs() as server:
+        yield server
+
+
+@pytest.fixture
+def gcs(gcs_server: FakeGcs, monkeypatch: pytest.MonkeyPatch) -> FakeGcs:
+    """TF's ``gs://`` reaches the emulator during this test (and in the subprocesses it
+    starts with ``os.environ``); the variables go when it ends."""
+    for name, value in gcs_server.env.items():
+        monkeypatch.setenv(name, value)
+    return gcs_server
+
+
+@pytest.fixture(params=["ram", "gs"])
+def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
+    """A logdir that does not exist yet, on an object store: TF's in-memory ``ram://``,
+    and ``gs://`` through the emulator."""
+    if request.param == "gs":
+        gcs: FakeGcs = request.getfixturevalue("gcs")
+        return gcs.new_path()
+    return f"ram://{tmp_path.name}/run"
 
 
 @pytest.fixture

@@ -82,6 +82,22 @@ def test_missing_and_empty_logdirs_are_clear_errors(
     assert usage.value.code == 2
 
 
+@pytest.mark.asyncio
+@pytest.mark.parametrize("store", ["ram", "gs"])  # local: the tests above
+async def test_inspect_reads_every_store_and_a_missing_logdir_exits_2(
+    store: str, tmp_path: Path, request: pytest.FixtureRequest, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = request.getfixturevalue("gcs").new_path() if store == "gs" else f"ram://{tmp_path.name}/r"
+    await make_run(run)
+    capsys.readouterr()
+    assert main(["inspect", run]) == 0
+    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.endswith("yes")]
+    assert [int(row[0]) for row in rows] == [0, 2, 4]
+    missing = run.rsplit("/", 1)[0] + "/nope"
+    assert main(["inspect", missing]) == 2
+    assert "does not exist" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_help_is_fast_because_it_does_not_import_tensorflow() -> None:
     code = (

@@ -1,6 +1,7 @@
-"""The logdir as a store: the same rules on a local directory and on an object store
-(TF's in-memory ``ram://`` file system stands in for gs:// and s3://), hostile contents
-that are skipped instead of followed, one writer per logdir."""
+"""The logdir as a store: the same rules on a local directory and on object stores (TF's
+in-memory ``ram://``, and ``gs://`` on the real GCS protocol through the emulator of
+tests/gcs_fixture.py), hostile contents that are skipped instead of followed, one writer
+per logdir."""
 
 from __future__ import annotations
 
@@ -19,13 +20,17 @@ import tensorflow as tf
 
 import asupervisor as asv
 from tests.conftest import Pair, named, pair_supervisor
+from tests.gcs_fixture import FakeGcs
 
 
-@pytest.fixture(params=["local", "ram"])
+@pytest.fixture(params=["local", "ram", "gs"])
 def where(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     """A logdir that does not exist yet, on a local disk or on an object store."""
     if request.param == "local":
         return str(tmp_path / "run")
+    if request.param == "gs":
+        gcs: FakeGcs = request.getfixturevalue("gcs")
+        return gcs.new_path()
     return f"ram://{tmp_path.name}/run"
 
 
@@ -100,6 +105,7 @@ async def test_retention_never_deletes_outside_the_logdir_on_the_store(where: st
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["local", "ram"], indirect=True)  # gs://: the same parse
 @pytest.mark.parametrize("content", [b"", b"\xff\xfe\x00garbage\x80"], ids=["empty", "bytes"])
 async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
     where: str, content: bytes
@@ -115,6 +121,7 @@ async def test_a_damaged_state_file_is_skipped_and_reported_on_the_store(
 
 
 @pytest.mark.asyncio
+@pytest.mark.parametrize("where", ["local", "ram"], indirect=True)  # gs://: as ram://
 async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None:
     await train(where, 8)  # saves at 0, 2, 4, 6, 8
     # As if killed after writing 8 but before the state file named it; 2 lost the same way.
@@ -126,6 +133,35 @@ async def test_orphans_are_committed_then_swept_on_the_store(where: str) -> None
         for _ in range(4):
             await sess.run(pair.step)  # saves at 10 and 12
     assert steps_on_disk(where) == [10, 12]
+
+
+@pytest.mark.asyncio
+async def test_data_without_an_index_is_removed_at_a_chiefs_start_on_the_store(
+    where: str, events: list[dict[str, Any]]
+) -> None:
+    """A kill between TF's rename of a checkpoint's data and the upload of its index
+    leaves data no index names. The chief removes its own (never another tool's, never
+    one the state file names) at start, as it removes unfinished ``*_temp`` saves."""
+    await train(where, 4)  # 0, 2, 4
+    data = "data-00000-of-00001"
+    with tf.io.gfile.GFile(f"{where}/model.ckpt-4.{data}", "rb") as f:
+        content = f.read()
+    for name in (f"model.ckpt-6.{data}", f"ckpt-3.{data}", f"model.ckpt-7.{data}.bak"):
+        write(f"{where}/{name}", content)
+    tf.io.gfile.remove(f"{where}/model.ckpt-2.index")  # named by the state file: kept
+    pair = Pair()
+    async with make(where, pair).session() as sess:
+        assert sess.restore_report.step == 4
+    left = sorted(n for n in tf.io.gfile.listdir(where) if data in n)
+    assert left == [
+        f"ckpt-3.{data}",
+        f"model.ckpt-0.{data}",
+        f"model.ckpt-2.{data}",
+        f"model.ckpt-4.{data}",
+        f"model.ckpt-7.{data}.bak",
+    ]
+    (removed,) = named(events, "checkpoint.unfinished_removed")
+    assert removed["paths"] == [f"model.ckpt-6.{data}"]
 
 
 @pytest.mark.asyncio
@@ -145,7 +181,7 @@ async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
     with pytest.raises(asv.LogdirLockedError, match="removed or"):
         async with make(where, pair).session() as sess:
             await sess.run(pair.step)
-            if where.startswith("ram://"):  # a second chief's lease replaces ours
+            if "://" in where:  # a second chief's lease replaces ours
                 lease = {"owner": "elsewhere:1:abc", "expires": time.time() + 600}
                 write(f"{where}/.asupervisor.lease", json.dumps(lease).encode())
             else:
@@ -157,9 +193,9 @@ async def test_a_chief_whose_lock_or_lease_is_taken_stops_before_its_next_save(
 
 @pytest.mark.asyncio
 async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
-    tmp_path: Path, events: list[dict[str, Any]]
+    object_store: str, events: list[dict[str, Any]]
 ) -> None:
-    where = f"ram://{tmp_path.name}/run"
+    where = object_store
     tf.io.gfile.makedirs(where)
     dead = {"owner": "gone:4242:dead", "expires": time.time() - 1}
     write(f"{where}/.asupervisor.lease", json.dumps(dead).encode())
@@ -170,8 +206,8 @@ async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
 
 
 @pytest.mark.asyncio
-async def test_a_live_lease_names_its_holder_and_when_it_expires(tmp_path: Path) -> None:
-    where = f"ram://{tmp_path.name}/run"
+async def test_a_live_lease_names_its_holder_and_when_it_expires(object_store: str) -> None:
+    where = object_store
     tf.io.gfile.makedirs(where)
     live = {"owner": "trainer-7:99:cafe", "expires": time.time() + 20}
     write(f"{where}/.asupervisor.lease", json.dumps(live).encode())

@@ -25,6 +25,7 @@ class Trainer:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
             [sys.executable, str(TRAINER), logdir, *args],
+            stdin=subprocess.PIPE,  # --wait-for-go reads "go" there
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -100,13 +101,13 @@ def checkpoint_problems(logdir: str) -> tuple[int, list[str]]:
     from asupervisor._checkpoints import verify_checkpoint
 
     problems, count = [], 0
-    for index in sorted(Path(logdir).glob("model.ckpt-*.index")):
+    for index in sorted(tf.io.gfile.glob(f"{logdir}/model.ckpt-*.index")):  # gs:// too
         count += 1
-        prefix = str(index)[: -len(".index")]
-        step = int(re.search(r"-(\d+)\.index$", index.name)[1])  # type: ignore[index]
+        prefix, name = index[: -len(".index")], index.rsplit("/", 1)[-1]
+        step = int(re.search(r"-(\d+)\.index$", name)[1])  # type: ignore[index]
         problem = verify_checkpoint(prefix)
         if problem:
-            problems.append(f"{index.name}: {problem}")
+            problems.append(f"{name}: {problem}")
             continue
         reader = tf.train.load_checkpoint(prefix)
         values = {
@@ -115,7 +116,7 @@ def checkpoint_problems(logdir: str) -> tuple[int, list[str]]:
             if k.startswith("pair/") and k.split("/")[1] in ("a", "b")
         }
         if not values["a"] == values["b"] == step:
-            problems.append(f"{index.name}: a={values['a']} b={values['b']}, not step {step}")
+            problems.append(f"{name}: a={values['a']} b={values['b']}, not step {step}")
     return count, problems
 
 

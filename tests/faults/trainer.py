@@ -67,6 +67,9 @@ def parse() -> argparse.Namespace:
     )
     parser.add_argument("--max-steps", type=int, default=10**9)
     parser.add_argument("--fault", choices=FAULTS, default="none")
+    parser.add_argument(
+        "--wait-for-go", action="store_true", help='print "ready", start on a "go" line'
+    )
     return parser.parse_args()
 
 
@@ -94,6 +97,9 @@ async def main(args: argparse.Namespace) -> None:
             await anyio.sleep(0.3)
             raise ConnectionError("the metrics endpoint went away")
 
+    if args.wait_for_go:  # TensorFlow imported, the model built: only the session is left
+        print("ready", flush=True)
+        sys.stdin.readline()
     async with sv.session() as sess:
         print(f"restored {sess.restore_report.step}", flush=True)
         while not sess.should_stop() and sess.global_step < args.max_steps:

@@ -1,0 +1,245 @@
+"""What a logdir on gs:// costs against a local one, measured in one run, side by side.
+
+    python benchmarks/object_store.py                   # 50 MB of variables, 3 rounds
+    python benchmarks/object_store.py --megabytes 100 --rounds 5
+
+gs:// is TensorFlow's own GCS client talking the real protocol to fake-gcs-server
+through the TLS proxy of tests/gcs_fixture.py, all on 127.0.0.1: what it shows is the
+protocol's cost (requests, uploads, server-side copies, TLS per request), not a real
+bucket's latency or bandwidth, which only add to it. Each store gets the same work,
+rounds interleaved, and medians are reported with gs:// as a ratio of local:
+
+- save sync: a supervised session's save (``checkpoint.saved`` seconds);
+- save async, held / written: ``async_checkpoint=True``, the time training is held
+  (``blocked_seconds``) and the time until the files are committed (``seconds``);
+- resume: ``session()`` entry to the first step, on a logdir holding one checkpoint
+  (the lease or lock, the verification read, the restore);
+- summary flush: one flush of the events file after every ``--points`` scalar points,
+  first and last of ``--flushes``, as the file grows; and the bytes each store's
+  client sent for the whole series (gs://: counted by the proxy);
+- ``tf.summary.*`` inside steps on gs:// (points of 4 scalars) through TF's default
+  writer, which flushes every 10 events, and through the writer the supervisor makes
+  on an object store (``_summaries.writer_options``): the uploads, the bytes, the
+  seconds.
+
+The proxy counts gs://'s requests too: all, uploads, server-side copies (``rewriteTo``:
+TF renames by copy and delete) and the bytes uploaded.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import anyio
+import structlog
+import tensorflow as tf
+
+import asupervisor as asv
+from asupervisor._store import Store
+from asupervisor._summaries import writer_options
+from tests.gcs_fixture import FakeGcs
+
+X = "\N{MULTIPLICATION SIGN}"
+
+
+class Model(tf.Module):
+    def __init__(self, megabytes: float) -> None:
+        super().__init__()
+        self.w = tf.Variable(tf.zeros([int(megabytes * 262144)]))
+        self.steps = tf.Variable(0.0)
+
+    def step(self) -> None:
+        self.steps.assign_add(1.0)
+
+
+def supervisor(logdir: str, model: Model, **kwargs: Any) -> asv.Supervisor:
+    settings: dict[str, Any] = {
+        "save_model_secs": 0,
+        "save_model_steps": 1,
+        "save_summaries_secs": 0,
+        "max_to_keep": 2,
+        "handle_signals": False,
+    }
+    return asv.Supervisor(logdir, checkpoint={"model": model}, **{**settings, **kwargs})
+
+
+async def saves(logdir: str, megabytes: float, async_write: bool) -> list[dict[str, Any]]:
+    """Two saves after the first (the session's own at its start): their events. Each
+    is written before the next step, so that no save waits for the one before."""
+    model = Model(megabytes)
+    with structlog.testing.capture_logs() as events:
+
+        def saved() -> int:
+            return sum(e["event"] == "checkpoint.saved" for e in events)
+
+        sv = supervisor(logdir, model, async_checkpoint=async_write)
+        async with sv.session() as sess:
+            for expected in (2, 3):
+                while saved() < expected - 1:
+                    await anyio.sleep(0.01)
+                await sess.run(model.step)
+            while saved() < 3:
+                await anyio.sleep(0.01)
+    return [e for e in events if e["event"] == "checkpoint.saved"][1:3]
+
+
+async def resume(logdir: str, megabytes: float) -> float:
+    model = Model(megabytes)
+    started = time.perf_counter()
+    async with supervisor(logdir, model, save_model_steps=10**9).session() as sess:
+        seconds = time.perf_counter() - started
+        assert sess.restore_report.source == "checkpoint"
+    return seconds
+
+
+def flushes(logdir: str, count: int, points: int) -> list[float]:
+    """The time of each flush of an events file that grows by ``points`` scalars."""
+    tf.io.gfile.makedirs(logdir)
+    writer = tf.summary.create_file_writer(logdir, max_queue=10**6, flush_millis=10**9)
+    seconds = []
+    step = 0
+    with writer.as_default():
+        for _ in range(count):
+            for _ in range(points):
+                step += 1
+                tf.summary.scalar("loss", 1.0 / step, step=step)
+            started = time.perf_counter()
+            writer.flush()
+            seconds.append(time.perf_counter() - started)
+    writer.close()
+    return seconds
+
+
+def points(logdir: str, count: int, tags: int, options: dict[str, int]) -> float:
+    """``count`` summary points of ``tags`` scalars through a writer made with
+    ``options``, closed at the end: the seconds the writes and the close took."""
+    tf.io.gfile.makedirs(logdir)
+    writer = tf.summary.create_file_writer(logdir, **options)
+    started = time.perf_counter()
+    with writer.as_default():
+        for step in range(1, count + 1):
+            for tag in range(tags):
+                tf.summary.scalar(f"tag{tag}", 1.0 / step, step=step)
+    writer.close()
+    return time.perf_counter() - started
+
+
+def counted(gcs: FakeGcs, fn: Callable[[], Any]) -> tuple[Any, dict[str, int]]:
+    """What ``fn`` returns, and the requests it made of the store, by kind."""
+    before = len(gcs.requests_seen())
+    result = fn()
+    seen = gcs.requests_seen()[before:]
+    sizes = [r.rsplit(" ", 1)[1] for r in seen if r.startswith(("PUT ", "POST /upload"))]
+    uploaded = sum(int(size) for size in sizes if size.isdigit())
+    return result, {
+        "requests": len(seen),
+        "uploads": sum(r.startswith("PUT ") for r in seen),
+        "copies": sum("/rewriteTo/" in r for r in seen),
+        "uploaded": uploaded,
+    }
+
+
+def row(name: str, local: float, gs: float, unit: str = "s") -> str:
+    ratio = f"{gs / local:.1f}{X}" if local > 0 else "-"
+    if unit == "s":
+        return f"| {name} | {local:.3f} s | {gs:.3f} s | {ratio} |"
+    return f"| {name} | {local / 1e6:.2f} MB | {gs / 1e6:.2f} MB | {ratio} |"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--megabytes", type=float, default=50.0)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--flushes", type=int, default=20)
+    parser.add_argument("--points", type=int, default=500, help="scalar points per flush")
+    parser.add_argument("--summary-points", type=int, default=200)
+    args = parser.parse_args()
+    local_root = tempfile.mkdtemp(prefix="object-store-bench-")
+    results: dict[str, dict[str, list[float]]] = {"local": {}, "gs": {}}
+    counts: dict[str, dict[str, int]] = {}
+    summary_seconds: dict[str, float] = {}
+    gs_options = writer_options(Store("gs://bucket/run"))
+    with FakeGcs() as gcs, structlog.testing.capture_logs():  # the sessions' log lines
+        gcs.apply()
+        for round_ in range(args.rounds):
+            for store in ("local", "gs"):
+
+                def where(name: str, store: str = store, round_: int = round_) -> str:
+                    if store == "gs":
+                        return gcs.new_path(name)
+                    return os.path.join(local_root, f"{name}-{round_}")
+
+                got = results[store]
+                sync_dir = where("sync")
+                events, count = counted(
+                    gcs, lambda d=sync_dir: anyio.run(saves, d, args.megabytes, False)
+                )
+                got.setdefault("save sync", []).extend(e["seconds"] for e in events)
+                if store == "gs":
+                    counts["a session: start, 3 sync saves, close"] = count
+                events = anyio.run(saves, where("async"), args.megabytes, True)
+                got.setdefault("save async: held", []).extend(e["blocked_seconds"] for e in events)
+                got.setdefault("save async: written", []).extend(e["seconds"] for e in events)
+                seconds, count = counted(
+                    gcs, lambda d=sync_dir: anyio.run(resume, d, args.megabytes)
+                )
+                got.setdefault("resume", []).append(seconds)
+                if store == "gs":
+                    counts["a resume"] = count
+                events_dir = where("events")
+                seconds, count = counted(
+                    gcs, lambda d=events_dir: flushes(d, args.flushes, args.points)
+                )
+                got.setdefault("summary flush: first", []).append(seconds[0])
+                got.setdefault("summary flush: last", []).append(seconds[-1])
+                got.setdefault("summary flush: all", []).append(sum(seconds))
+                if store == "gs":
+                    counts[f"{args.flushes} summary flushes"] = count
+                    got.setdefault("uploaded by the flushes", []).append(count["uploaded"])
+                else:
+                    size = sum(
+                        os.path.getsize(os.path.join(events_dir, n)) for n in os.listdir(events_dir)
+                    )
+                    got.setdefault("uploaded by the flushes", []).append(size)
+        for name, options in (("TF's writer", {}), ("the object-store writer", gs_options)):
+            seconds, count = counted(
+                gcs, lambda o=options: points(gcs.new_path("points"), args.summary_points, 4, o)
+            )
+            counts[f"{args.summary_points} in-step points of 4 scalars, {name}"] = count
+            summary_seconds[name] = seconds
+    shutil.rmtree(local_root, ignore_errors=True)
+    print(
+        f"{args.megabytes:g} MB of variables, medians of {args.rounds} rounds "
+        f"(saves: 2 a round); flushes: {args.flushes} of {args.points} points each\n"
+    )
+    print("| | local | gs:// | gs:// / local |\n|---|---|---|---|")
+    for name in results["local"]:
+        local = statistics.median(results["local"][name])
+        gs = statistics.median(results["gs"][name])
+        print(row(name, local, gs, "B" if name.startswith("uploaded") else "s"))
+    print("\n| gs:// requests | requests | uploads | server-side copies | bytes uploaded |")
+    print("|---|---|---|---|---|")
+    for name, count in counts.items():
+        print(
+            f"| {name} | {count['requests']} | {count['uploads']} | {count['copies']} | "
+            f"{count['uploaded'] / 1e6:.2f} MB |"
+        )
+    print()
+    for name, seconds in summary_seconds.items():
+        print(f"{args.summary_points} in-step points of 4 scalars, {name}: {seconds:.3f} s")
+
+
+if __name__ == "__main__":
+    main()
