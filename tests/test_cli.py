@@ -91,7 +91,8 @@ async def test_inspect_reads_every_store_and_a_missing_logdir_exits_2(
     await make_run(run)
     capsys.readouterr()
     assert main(["inspect", run]) == 0
-    rows = [line.split() for line in capsys.readouterr().out.splitlines() if line.endswith("yes")]
+    out = capsys.readouterr().out.splitlines()
+    rows = [line.split() for line in out if re.match(r"\s+\d+\s.*\syes\b", line)]
     assert [int(row[0]) for row in rows] == [0, 2, 4]
     missing = run.rsplit("/", 1)[0] + "/nope"
     assert main(["inspect", missing]) == 2
