@@ -77,6 +77,8 @@ class Role:
     task_id: int
     rank: int  # 0 for the chief, then the workers in order
     num_workers: int
+    tasks: tuple[tuple[str, int], ...] = ()  # (job name, task id) of every rank, in rank order
+    jobs: tuple[tuple[str, int], ...] = ()  # (job name, number of tasks), as the service asks
 
     @property
     def is_chief(self) -> bool:
@@ -113,7 +115,12 @@ def multi_worker_role(strategy: Any) -> Role | None:
     if count < 2:
         return None
     rank = multi_worker_util.id_in_cluster(spec, task_type, task_id)
-    return Role(task_type, task_id, rank, count)
+    jobs = tuple((job, spec.num_tasks(job)) for job in ("chief", "worker") if job in spec.jobs)
+    tasks = sorted(
+        ((job, index) for job, _ in jobs for index in spec.task_indices(job)),
+        key=lambda task: multi_worker_util.id_in_cluster(spec, *task),
+    )
+    return Role(task_type, task_id, rank, count, tuple(tasks), jobs)
 
 
 class Agreement:
@@ -198,7 +205,8 @@ class Agreement:
                 slot += 1  # taken by another worker's proposal: ours goes after it
         started = time.monotonic()
         for rank in range(self.role.num_workers):
-            self._get(self._key("decision", slot, "ack", rank), ACK_TIMEOUT_SECS, f"worker {rank}")
+            key = self._key("decision", slot, "ack", rank)
+            self._get(key, ACK_TIMEOUT_SECS, f"worker {rank}", rank)
         log.info(
             "cluster.proposed",
             step=decision.step,
@@ -220,7 +228,11 @@ class Agreement:
             self.pending = bool(self._decisions)
         return due
 
-    def _get(self, key: str, timeout_secs: float, what: str) -> str:
+    def _get(self, key: str, timeout_secs: float, what: str, rank: int | None = None) -> str:
+        """Wait for ``key``; when it is ``rank``'s to write, give up as soon as the
+        coordination service has seen that worker die (its heartbeats stopped), not
+        only after ``timeout_secs``: a worker killed while a proposal waits for it
+        must not hold the survivors for the whole timeout."""
         import tensorflow as tf
 
         deadline = time.monotonic() + timeout_secs
@@ -229,6 +241,11 @@ class Agreement:
                 value: str = self._store.get_config_key_value(key, timeout_in_ms=POLL_MS)
                 return value
             except tf.errors.DeadlineExceededError:
+                lost = self._lost(rank)
+                if lost is not None:
+                    raise tf.errors.UnavailableError(
+                        None, None, f"{what} was lost while the job waited for it: {lost}"
+                    ) from None
                 if time.monotonic() > deadline:
                     raise tf.errors.UnavailableError(
                         None,
@@ -238,6 +255,22 @@ class Agreement:
                     ) from None
                 if self._closed.is_set() or self._stopped():
                     raise
+
+    def _lost(self, rank: int | None) -> str | None:
+        """The coordination service's word on ``rank``'s health: ``None`` while alive."""
+        if rank is None or rank >= len(self.role.tasks) or rank == self.role.rank:
+            return None
+        job, index = self.role.tasks[rank]
+        first = {
+            name: sum(n for _, n in self.role.jobs[:i])
+            for i, (name, _) in enumerate(self.role.jobs)
+        }
+        try:
+            states = self._store.get_task_states(list(self.role.jobs))
+        except Exception as exc:  # the service itself is gone: the chief died
+            return f"{type(exc).__name__}: {exc}"
+        state = states[first[job] + index]
+        return None if state is None else str(state)[:300]
 
     def _watch(self) -> None:
         """Watcher thread: read the decision slots in order, record and acknowledge each."""

@@ -340,3 +340,57 @@ def test_an_agreed_stop_with_any_reason_is_taken_by_steps_that_advance_by_two(
     assert all(s[2] == "eval:done" and s[3] == "DONE" for s in stops if s)
     assert "cluster.decision_missed" not in outputs[0] + outputs[1]
     assert checkpoint_steps(logdir)[-1] == 22  # one final checkpoint, at that step
+
+
+PROPOSAL_TO_A_DEAD_WORKER = """
+import sys
+import time
+
+import tensorflow as tf
+
+from asupervisor._cluster import Agreement, DecisionKind, multi_worker_role
+
+strategy = tf.distribute.MultiWorkerMirroredStrategy()
+role = multi_worker_role(strategy)
+agreement = Agreement(role, on_lost=lambda exc: None)
+print("ready", flush=True)
+if role.rank == 1:
+    time.sleep(600)  # never acknowledges: its watcher is not started; then it is killed
+agreement.start()  # the chief acknowledges its own proposal
+try:
+    agreement.propose(DecisionKind.SAVE, "timer", 5)
+except tf.errors.UnavailableError as exc:
+    print(f"proposal failed: {exc.message}", flush=True)
+"""
+
+
+def test_a_proposal_waiting_for_a_worker_that_dies_fails_once_the_service_sees_it_dead(
+    tmp_path: Path, scratch: Path
+) -> None:
+    # Found by the SIGKILL test taking 45 s: a worker killed while the chief waited for
+    # its acknowledgement held the chief for the whole acknowledgement timeout.
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch)}
+    chief, other = (
+        Popen(PROPOSAL_TO_A_DEAD_WORKER, env={**env, "TF_CONFIG": config})
+        for config in local_tf_configs(2)
+    )
+    try:
+        for proc in (chief, other):
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        other.kill()
+        output = chief.communicate(timeout=120)[0]
+    finally:
+        chief.kill()
+        other.kill()
+    assert "proposal failed: worker 1 was lost while the job waited for it" in output, output
+    assert "heartbeat" in output  # the coordination service's own words, passed on
+
+
+def Popen(script: str, env: dict[str, str]) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-c", script],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+        text=True,
+        env=env,
+    )
