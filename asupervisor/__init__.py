@@ -21,6 +21,7 @@ from ._errors import (
     SupervisorError,
     WaitTimeout,
 )
+from ._evaluator import Evaluation, Evaluator
 from ._exit import exit_status, run
 from ._hooks import Hook, RunContext
 from ._log import EventLogger
@@ -36,6 +37,8 @@ __all__ = [
     "CheckpointMismatchError",
     "CheckpointSaveError",
     "Coordinator",
+    "Evaluation",
+    "Evaluator",
     "EventLogger",
     "GracePeriodExpired",
     "Hook",
