@@ -194,9 +194,10 @@ class Evaluator:
                 if set(committed) - known:
                     last_new = anyio.current_time()
                     known |= set(committed)
-                if self._latest_only and len(todo) > 1:
-                    self._skip(todo[:-1])
-                    todo = todo[-1:]
+                if self._latest_only and committed:
+                    # Only the newest is a candidate: an older one is never taken later.
+                    self._skip([n for n in todo if n != committed[-1]])
+                    todo = [n for n in todo if n == committed[-1]]
                 if todo:
                     if events is None:
                         events = EventsFile(evaluated_store(self._logdir).root, None)
@@ -234,12 +235,18 @@ class Evaluator:
                     reason="swept before its lease was written",
                 )
                 return None
+            failure: Exception | None = None
             async with anyio.create_task_group() as renewals:
                 renewals.start_soon(self._renew, name)
-                outcome = await anyio.to_thread.run_sync(
-                    self._evaluate, name, abandon_on_cancel=True
-                )
+                try:
+                    outcome = await anyio.to_thread.run_sync(
+                        self._evaluate, name, abandon_on_cancel=True
+                    )
+                except Exception as exc:  # raised as itself, not in the group's wrapping
+                    failure = exc
                 renewals.cancel_scope.cancel()
+            if failure is not None:
+                raise failure
             if isinstance(outcome, _Vanished):
                 log.info("eval.vanished", path=store.path(name), reason=outcome.reason)
                 return None
@@ -525,8 +532,9 @@ def _unbuilt(children: Mapping[str, Any], path: str) -> list[str]:
     for name, obj in children.items():
         if name not in saved or not _has_values(graph, saved[name]):
             continue
-        view = tf.train.TrackableView(obj)
-        if not any(isinstance(node, tf.Variable) for node in view.descendants()):
+        # Keras 3's variables are not tf.Variables: anything that can be assigned counts.
+        nodes = tf.train.TrackableView(obj).descendants()
+        if not any(isinstance(n, tf.Variable) or hasattr(n, "assign") for n in nodes):
             found.append(name)
     return found
 
