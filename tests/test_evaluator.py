@@ -261,7 +261,7 @@ async def test_a_checkpoint_swept_before_its_lease_or_under_its_restore_is_passe
     assert list(ev.results()) == ["model.ckpt-4"]
 
 
-@pytest.mark.asyncio
+@pytest.mark.anyio  # and on trio
 async def test_latest_only_takes_the_newest_and_says_what_it_skipped(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -437,3 +437,28 @@ def test_a_factory_that_fails_is_a_configuration_error(
     assert main(["evaluate", str(tmp_path / "run"), "--script", str(script)]) == 78
     assert "(checkpoint, eval_fn)" in capsys.readouterr().err
     assert main(["evaluate", str(tmp_path / "run"), "--module", "json:nothing"]) == 78
+
+
+@pytest.mark.asyncio
+async def test_the_digits_example_evaluates_a_digits_run(logdir: str) -> None:
+    """``examples/evaluate_digits.py`` fits what ``examples/digits.py`` saves."""
+    import keras
+
+    from asupervisor._evaluate_cli import load_factory
+
+    model = keras.Sequential(
+        [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
+    )
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"model": model, "optimizer": keras.optimizers.Adam()},
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+    async with sv.session():
+        pass  # the checkpoint at step 0, and the final one
+    example = Path(__file__).parents[1] / "examples" / "evaluate_digits.py"
+    checkpoint, eval_fn = load_factory(str(example), None)()
+    ev = asv.Evaluator(logdir, checkpoint=checkpoint, eval_fn=eval_fn, poll_secs=0.02)
+    (done,) = await ev.run(until_step=0)
+    assert set(done.metrics) == {"accuracy", "loss"} and 0 <= done.metrics["accuracy"] <= 1
