@@ -129,7 +129,9 @@ class Evaluator:
         self._name = name
         self._lease_secs = positive("lease_secs", lease_secs)
         self._results: dict[str, dict[str, Any]] = {}
-        self._damaged: set[tuple[str, float | None]] = set()
+        # Passed over (damaged, or gone): never tried again, unless a new checkpoint comes
+        # under the same name (another index time).
+        self._passed: set[tuple[str, float | None]] = set()
         self._skipped: set[str] = set()  # logged once each (latest_only)
         self._stop = threading.Event()
         self._wake: Callable[[], None] | None = None
@@ -226,9 +228,11 @@ class Evaluator:
     async def _one(self, name: str, events: EventsFile) -> Evaluation | None:
         """Lease, choose again, restore and evaluate, record; the lease goes after."""
         store = self._store
+        written = await anyio.to_thread.run_sync(self._written, name)
         await anyio.to_thread.run_sync(hold, store, self._name, name, self._lease_secs)
         try:
             if not await anyio.to_thread.run_sync(self._still_committed, name):
+                self._passed.add((name, written))
                 log.info(
                     "eval.vanished",
                     path=store.path(name),
@@ -247,6 +251,10 @@ class Evaluator:
                 renewals.cancel_scope.cancel()
             if failure is not None:
                 raise failure
+            if not isinstance(outcome, Evaluation):
+                # A damaged one fails again; a swept one that the state file still names
+                # (files deleted by hand) would be chosen again at once.
+                self._passed.add((name, written))
             if isinstance(outcome, _Vanished):
                 log.info("eval.vanished", path=store.path(name), reason=outcome.reason)
                 return None
@@ -254,7 +262,7 @@ class Evaluator:
                 log.warning("eval.damaged", path=store.path(name), reason=outcome.reason)
                 return None
             with anyio.CancelScope(shield=True):  # evaluated: recorded, even when cancelled now
-                await anyio.to_thread.run_sync(self._record, outcome, events)
+                await anyio.to_thread.run_sync(self._record, outcome, events, written)
             return outcome
         finally:
             with anyio.CancelScope(shield=True):
@@ -302,7 +310,7 @@ class Evaluator:
         todo = []
         for name in committed:
             written = self._written(name)
-            if (name, written) in self._damaged or self._evaluated(name, written):
+            if (name, written) in self._passed or self._evaluated(name, written):
                 continue
             todo.append(name)
         return committed, todo
@@ -333,12 +341,10 @@ class Evaluator:
         with self._busy:
             started = time.perf_counter()
             store, path = self._store, self._store.path(name)
-            written = self._written(name)
             problem = checkpoint_problem(store, path)
             if problem is not None:
                 if _gone(store, name, problem):
                     return _Vanished(problem)
-                self._damaged.add((name, written))
                 return _Damaged(problem)
             try:
                 step = global_step_of(path)
@@ -352,7 +358,7 @@ class Evaluator:
             metrics = _numbers(self._eval_fn())
             return Evaluation(name, step, metrics, time.perf_counter() - started)
 
-    def _record(self, evaluation: Evaluation, events: EventsFile) -> None:
+    def _record(self, evaluation: Evaluation, events: EventsFile, written: float | None) -> None:
         """Events first, then the results file: a kill between the two leaves the
         evaluation unrecorded, done again by the next run (whose ``SessionLog.START``
         makes TensorBoard drop the first point)."""
@@ -369,7 +375,7 @@ class Evaluator:
             "step": evaluation.step,
             "time": time.time(),
             "metrics": finite_numbers(evaluation.metrics),
-            "written": self._written(evaluation.checkpoint),
+            "written": written,
         }
         results = self._pruned(results)
         write_evaluated(self._logdir, results)

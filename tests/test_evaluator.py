@@ -261,6 +261,22 @@ async def test_a_checkpoint_swept_before_its_lease_or_under_its_restore_is_passe
     assert list(ev.results()) == ["model.ckpt-4"]
 
 
+@pytest.mark.asyncio
+async def test_damaged_committed_checkpoints_are_passed_over_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """Each is logged once and never tried again (no loop over it), and the run goes on."""
+    await train(logdir, 4)  # 0, 2, 4, all named by the state file
+    data = Path(logdir) / "model.ckpt-0.data-00000-of-00001"
+    data.write_bytes(data.read_bytes()[:10])  # a torn write
+    os.remove(Path(logdir) / "model.ckpt-2.data-00000-of-00001")  # deleted by hand
+    ev, _ = evaluator(logdir)
+    with anyio.fail_after(20):
+        assert [e.step for e in await ev.run(until_step=4)] == [4]
+    damaged = [os.path.basename(e["path"]) for e in named(events, "eval.damaged")]
+    assert damaged == ["model.ckpt-0", "model.ckpt-2"]
+
+
 @pytest.mark.anyio  # and on trio
 async def test_latest_only_takes_the_newest_and_says_what_it_skipped(
     logdir: str, events: list[dict[str, Any]]
