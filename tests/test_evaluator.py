@@ -478,3 +478,17 @@ async def test_the_digits_example_evaluates_a_digits_run(logdir: str) -> None:
     ev = asv.Evaluator(logdir, checkpoint=checkpoint, eval_fn=eval_fn, poll_secs=0.02)
     (done,) = await ev.run(until_step=0)
     assert set(done.metrics) == {"accuracy", "loss"} and 0 <= done.metrics["accuracy"] <= 1
+
+
+@pytest.mark.asyncio
+async def test_an_object_store_logdir(tmp_path: Path) -> None:
+    """TF's in-memory ram:// stands in for gs://: leases, the lock of eval/ (a lease
+    there), results and events all go through the store."""
+    logdir = f"ram://{tmp_path.name}/run"
+    await train(logdir, 2)  # 0, 2
+    ev, _ = evaluator(logdir)
+    assert [e.step for e in await ev.run(until_step=2)] == [0, 2]
+    assert sorted(_evaluator.read_results(logdir)) == ["model.ckpt-0", "model.ckpt-2"]
+    assert any(n.startswith("events.out") for n in tf.io.gfile.listdir(f"{logdir}/eval"))
+    assert not tf.io.gfile.exists(f"{logdir}/{LEASE}")
+    assert await evaluator(logdir)[0].run(until_step=2) == []  # the lock was let go
