@@ -23,6 +23,7 @@ from ._errors import (
     SupervisorError,
     WaitTimeout,
 )
+from ._evaluator import Evaluation, Evaluator
 from ._exit import exit_status, run
 from ._hooks import Hook, RunContext
 from ._log import EventLogger
@@ -40,6 +41,8 @@ __all__ = [
     "CheckpointSaveError",
     "Coordinator",
     "DivergedError",
+    "Evaluation",
+    "Evaluator",
     "EventLogger",
     "GracePeriodExpired",
     "Hook",

@@ -152,10 +152,26 @@ class Retention:
         gone = self._sweep()
         if gone:
             self._write_state()
+            gone = self._relist_leased(gone)
             for dropped in gone:
-                self._delete(dropped)
+                self.records.pop(dropped.name, None)
+                self._delete(dropped.name)
         self._write_records()
-        return gone
+        return [k.name for k in gone]
+
+    def _relist_leased(self, gone: list[Kept]) -> list[Kept]:
+        """Leases read again *after* the state file stopped listing ``gone``: a reader
+        writes its lease, then checks that its checkpoint is still listed, so one that
+        saw it listed has a lease this read sees. Those go back on the list (a later
+        sweep deletes them once the lease is gone); the rest are returned, to delete."""
+        held = leased(self.store)
+        back = [k for k in gone if k.name in held]
+        if not back:
+            return gone
+        self._kept.extend(back)
+        self._kept.sort(key=lambda k: own_order(k.name, self.basename) or (0, 0))
+        self._write_state()
+        return [k for k in gone if k.name not in held]
 
     def metrics(self) -> dict[str, dict[str, float]]:
         """Each listed checkpoint's metrics: the commit's, then the evaluator's over them."""
@@ -195,11 +211,12 @@ class Retention:
         self.latest = names[-1]
         self._write_state()
 
-    def _sweep(self) -> list[str]:
-        """CheckpointManager's rule: beyond ``max_to_keep``, the oldest goes, unless one
-        is due to be preserved (every ``keep_checkpoint_every_n_hours``); in union with
-        what ``protected`` keeps (listed)."""
-        gone: list[str] = []
+    def _sweep(self) -> list[Kept]:
+        """CheckpointManager's rule: beyond ``max_to_keep``, the oldest goes (off the
+        list; returned), unless one is due to be preserved (every
+        ``keep_checkpoint_every_n_hours``); in union with what ``protected`` keeps
+        (listed)."""
+        gone: list[Kept] = []
         if self.max_to_keep is None:
             return gone
         protected = self.protected()
@@ -212,8 +229,7 @@ class Retention:
             if every is not None and oldest.timestamp - every * 3600 >= self._last_preserved:
                 self._last_preserved = oldest.timestamp  # kept on disk, no longer listed
                 continue
-            gone.append(oldest.name)
-            self.records.pop(oldest.name, None)
+            gone.append(oldest)
         return gone
 
     def _write_records(self) -> None:

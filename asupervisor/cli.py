@@ -1,4 +1,5 @@
-"""The ``asupervisor`` command line: ``asupervisor inspect LOGDIR [--json]``.
+"""The ``asupervisor`` command line: ``asupervisor inspect LOGDIR [--json]``,
+``asupervisor evaluate LOGDIR --script PATH`` (``_evaluate_cli``).
 
 Fast to start: TensorFlow is imported only when a logdir has something to read.
 """
@@ -11,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import _evaluate_cli
 from ._inspect import LogdirReport, inspect_logdir
 
 EPILOG = """\
@@ -96,6 +98,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not read every checkpoint back (faster for very large checkpoints)",
     )
+    _evaluate_cli.add_parser(commands)
     return parser
 
 
@@ -121,6 +124,8 @@ def _quiet_tensorflow() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.command == "evaluate":
+        return _evaluate_cli.main(args)
     if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
         _quiet_tensorflow()
     try:

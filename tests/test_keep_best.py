@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._leases import hold
+from asupervisor._leases import hold, let_go
 from asupervisor._records import read_records
 from asupervisor._store import Store
 from tests.conftest import Pair
@@ -55,6 +55,45 @@ async def test_a_checkpoint_a_reader_holds_a_lease_on_is_not_swept(logdir: str, 
         for _ in range(3):
             await sess.run(pair.step)
     assert on_disk(logdir) == ["model.ckpt-1", "model.ckpt-4"]
+
+
+@pytest.mark.asyncio
+async def test_a_lease_written_just_after_the_sweep_read_leases_still_keeps_its_checkpoint(
+    logdir: str, pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The reader's protocol: write the lease, then check the state file still lists the
+    # checkpoint. Here it does both at the worst moment: after the sweep has read the
+    # leases, before it writes the state file without the checkpoint.
+    from asupervisor import _retention
+
+    store, seen_listed = Store(logdir), []
+    protected = _retention.Retention.protected
+
+    def reader_comes_now(self: _retention.Retention) -> set[str]:
+        keep = protected(self)
+        if not seen_listed and self.names()[-1:] == ["model.ckpt-2"]:  # ckpt-1 goes
+            hold(store, "evaluator", "model.ckpt-1", seconds=60)
+            state = tf.train.get_checkpoint_state(logdir)
+            seen_listed.append(
+                any(p.endswith("model.ckpt-1") for p in state.all_model_checkpoint_paths)
+            )
+        return keep
+
+    monkeypatch.setattr(_retention.Retention, "protected", reader_comes_now)
+    sv = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, save_model_secs=0, save_model_steps=1, max_to_keep=1,
+        save_summaries_secs=0, handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        await sess.run(pair.step)
+        await sess.run(pair.step)  # its sweep lets model.ckpt-1 go as the reader comes
+        assert seen_listed == [True]  # so the reader goes on to read it: it must stay
+        assert "model.ckpt-1" in on_disk(logdir)
+        listed = tf.train.get_checkpoint_state(logdir).all_model_checkpoint_paths
+        assert [Path(p).name for p in listed] == ["model.ckpt-1", "model.ckpt-2"]
+        let_go(store, "evaluator")
+        await sess.run(pair.step)
+    assert on_disk(logdir) == ["model.ckpt-3"]
 
 
 KILLED_FIT = textwrap.dedent(
