@@ -26,7 +26,7 @@ from ._errors import CheckpointMismatchError, SessionClosed, SessionStopped, Ste
 from ._lock import LeaseLock, LogdirLock, WriteGuard
 from ._log import log
 from ._loopwatch import LoopWatch
-from ._outcome import Outcome, StopReason, is_permanent
+from ._outcome import Outcome, StopReason, is_permanent, reason_of
 from ._position import Position
 from ._root import SavedRoot
 from ._services import Registration, ServiceGroup
@@ -151,7 +151,7 @@ class SessionRuntime:
         if self.flag.stopped or self.agreement is None:
             return
         if not self.ready:  # not started: no step has run anywhere yet
-            self.flag.set(None, reason)
+            self.flag.set(None, reason_of(reason))
             return
         try:
             self.agreement.propose(DecisionKind.STOP, reason, self.step.value)
@@ -349,8 +349,8 @@ class SessionRuntime:
                 )
                 if decision.kind is DecisionKind.SAVE:
                     self.save()
-                else:
-                    self.flag.set(None, decision.reason)
+                else:  # the reason crossed as JSON: the library's own is its member again
+                    self.flag.set(None, reason_of(decision.reason))
 
     def saves_done(self, *, hooks: bool) -> None:
         """Background saves whose files are on disk: their steps no longer count as
@@ -387,7 +387,9 @@ class SessionRuntime:
         self.thread.start()
         self.loopwatch.start()
         if self.sv.handle_signals:
-            self.signals = SignalListener(self.caller, self._on_signal, self._on_interrupt)
+            self.signals = SignalListener(
+                self.caller, self._on_signal, self._on_interrupt, self.sv.stop_signals
+            )
             if not self.signals.install():
                 log.info("signals.not_handled", reason="the session is not in the main thread")
         try:

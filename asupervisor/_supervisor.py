@@ -8,6 +8,7 @@ only; everything that lives for one session belongs to that session's runtime.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -19,6 +20,7 @@ from ._hooks import Hook
 from ._root import user_checkpoint
 from ._services import Registration, register
 from ._session import ManagedSession
+from ._signals import check_stop_signals
 from ._store import is_object_store
 
 if TYPE_CHECKING:
@@ -60,6 +62,7 @@ class Supervisor:
         recoverable_errors: tuple[type[BaseException], ...] | None = None,
         max_recoveries: int = 3,
         handle_signals: bool = True,
+        stop_signals: Iterable[signal.Signals | int | str] = (signal.SIGTERM, signal.SIGINT),
         hooks: Iterable[Hook] = (),
         summary_writer: Any = "auto",
         step_timeout_secs: float | None = None,
@@ -86,6 +89,7 @@ class Supervisor:
         self.recoverable_errors = _check_error_types(recoverable_errors)
         self.max_recoveries = check.non_negative_int("max_recoveries", max_recoveries)
         self.handle_signals = check.boolean("handle_signals", handle_signals)
+        self.stop_signals = check_stop_signals(stop_signals)
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
