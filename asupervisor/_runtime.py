@@ -28,6 +28,7 @@ from ._log import log
 from ._loopwatch import LoopWatch
 from ._outcome import Outcome, StopReason, is_permanent, reason_of
 from ._position import Position
+from ._presence import Presence
 from ._root import SavedRoot
 from ._services import Registration, ServiceGroup
 from ._signals import SignalListener
@@ -90,6 +91,7 @@ class SessionRuntime:
         self.loopwatch = LoopWatch(self.caller)
         self._async_saves: dict[str, int] = {}  # path → steps run when its state was taken
         self._no_writer_warned = False
+        self.presence = Presence(self)  # the heartbeat and the ledger
 
     # -- what start-up and shutdown hand over ------------------------------------------
 
@@ -369,6 +371,11 @@ class SessionRuntime:
         """How the session ended (``None`` until it has closed)."""
         if self.phase is not Phase.CLOSED:
             return None
+        return self.ending()
+
+    def ending(self) -> Outcome:
+        """How the session ends, as far as is known now (final once it has closed: the
+        close path writes it into the heartbeat and the ledger before the lock goes)."""
         error = self.flag.error
         if self.interrupted or self.cancelled is not None:
             return Outcome.INTERRUPTED
@@ -386,6 +393,7 @@ class SessionRuntime:
     ) -> AsyncIterator[Any]:
         self.thread.start()
         self.loopwatch.start()
+        self.presence.start()
         if self.sv.handle_signals:
             self.signals = SignalListener(
                 self.caller, self._on_signal, self._on_interrupt, self.sv.stop_signals
@@ -394,6 +402,7 @@ class SessionRuntime:
                 log.info("signals.not_handled", reason="the session is not in the main thread")
         try:
             self.restore_report = await _startup.start(self, wait, max_wait_secs)
+            self.presence.started(self.restore_report)
             async with anyio.create_task_group() as tg:
                 self.scopes.append(tg.cancel_scope)
                 self.services.open()

@@ -66,6 +66,7 @@ class Supervisor:
         hooks: Iterable[Hook] = (),
         summary_writer: Any = "auto",
         step_timeout_secs: float | None = None,
+        heartbeat_secs: float = 2.0,
     ) -> None:
         self.logdir = _check_logdir(logdir)
         self.strategy, self.role = _find_strategy(strategy)
@@ -93,6 +94,7 @@ class Supervisor:
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
+        self.heartbeat_secs = check.non_negative("heartbeat_secs", heartbeat_secs)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
         # The user's checkpoint object, read at each save (what it holds *then* is saved).
         self.checkpoint = user_checkpoint(checkpoint, self.global_step)

@@ -1,4 +1,4 @@
-"""The ``asupervisor`` command line: ``asupervisor inspect LOGDIR [--json]``.
+"""The ``asupervisor`` command line: ``inspect LOGDIR``, ``run -- COMMAND``, ``health LOGDIR``.
 
 Fast to start: TensorFlow is imported only when a logdir has something to read.
 """
@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 
 from ._inspect import LogdirReport, inspect_logdir
+from ._runcli import add_commands, ledger_lines
 
 EPILOG = """\
 examples:
@@ -63,13 +64,14 @@ def render(report: LogdirReport) -> str:
     for f in report.events_files:
         damage = f"  DAMAGED: {shown(f.damaged)}" if f.damaged else ""
         lines.append(f"  {shown(f.name)}  {_size(f.bytes)}  {f.events} events{damage}")
+    lines += ["", *ledger_lines(report, shown)]
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asupervisor",
-        description="Look into asupervisor training runs.",
+        description="Look into asupervisor training runs, and run them without a person.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
@@ -91,6 +93,7 @@ def _parser() -> argparse.ArgumentParser:
         action="store_false",
         help="do not read every checkpoint back (faster for very large checkpoints)",
     )
+    add_commands(commands, argparse.RawDescriptionHelpFormatter)  # run, health
     return parser
 
 
@@ -116,6 +119,9 @@ def _quiet_tensorflow() -> None:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    handler = getattr(args, "handler", None)
+    if handler is not None:  # run, health
+        return int(handler(args))
     if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
         _quiet_tensorflow()
     try:

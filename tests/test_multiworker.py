@@ -130,7 +130,8 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
     names = {p.name for p in logdir.iterdir()}
     events = [n for n in names if n.startswith("events.out.tfevents")]
     assert len(events) == 1 and f".{job[0].proc.pid}." in events[0]
-    assert names - set(events) - {"checkpoint", ".asupervisor.lock"} == {
+    own = {"checkpoint", ".asupervisor.lock", ".asupervisor.heartbeat", "asupervisor-ledger.jsonl"}
+    assert names - set(events) - own == {
         f"model.ckpt-{s}.{ext}" for s in steps for ext in ("index", "data-00000-of-00001")
     }
     reader = EventAccumulator(str(logdir / events[0]))
