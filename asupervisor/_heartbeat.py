@@ -117,35 +117,40 @@ class Verdict:
 def judge(beat: Beat | None, now: float, max_age: float, startup_max_age: float) -> Verdict:
     """Judge a beat at wall-clock time ``now``.
 
-    ``max_age`` bounds the age of the beat and the time one step (or any work on the
-    training thread) may take; ``startup_max_age`` applies instead before the first
-    step has ended (restore, tracing) and while the session stops (the final save).
-    A session that has ended is not judged: the process may do other work after it.
+    ``max_age`` bounds the age of the beat (the event loop answers within it in every
+    phase) and the time one step (or any work on the training thread) may take;
+    ``startup_max_age`` bounds that work instead before the first step has ended
+    (restore, tracing) and while the session stops (the final save). A session that has
+    ended is not judged: the process may do other work after it.
     """
     if beat is None:
         return Verdict(False, "no heartbeat", startup_max_age)
     if beat.outcome is not None or beat.phase is Phase.CLOSED:
         ended = beat.outcome.value if beat.outcome is not None else "ended"
         return Verdict(False, f"the session has ended ({ended}) at step {beat.step}", 0.0)
+    # The loop is never busy for long in any phase (start-up and the stop run on the
+    # training thread): a beat older than max_age is a blocked loop or a lost process.
+    age_limit = max(max_age, 3 * beat.interval_secs)
     long = beat.phase in _LONG_PHASES or not beat.first_step_done
-    limit = max(startup_max_age if long else max_age, 3 * beat.interval_secs)
+    busy_limit = max(startup_max_age if long else max_age, 3 * beat.interval_secs)
     age = now - beat.written_at
     where = f"{beat.phase.value}, step {beat.step}"
-    if age > limit:
+    if age > age_limit:
         return Verdict(
             True,
-            f"no heartbeat for {age:.1f} s (limit {limit:g} s; {where}): the event loop is "
+            f"no heartbeat for {age:.1f} s (limit {age_limit:g} s; {where}): the event loop is "
             "blocked, or the process is frozen or gone",
-            limit,
+            age_limit,
         )
-    if beat.busy_since is not None and beat.written_at - beat.busy_since > limit:
+    if beat.busy_since is not None and beat.written_at - beat.busy_since > busy_limit:
         busy = now - beat.busy_since
         return Verdict(
             True,
             f"{beat.job or 'work on the training thread'} has run for {busy:.1f} s "
-            f"(limit {limit:g} s; {where}): a step that does not end",
-            limit,
+            f"(limit {busy_limit:g} s; {where}): a step that does not end",
+            busy_limit,
         )
+    limit = busy_limit
     return Verdict(False, f"alive: {where}, beat {max(age, 0.0):.1f} s ago", limit)
 
 

@@ -52,6 +52,7 @@ import anyio.abc
 from . import _heartbeat
 from ._heartbeat import Beat, judge
 from ._outcome import Outcome
+from ._stopping import Phase
 from ._store import Store
 
 STUCK_KILL_SECS = 10.0  # a stuck child's time between the stop signal and SIGKILL
@@ -597,8 +598,8 @@ class ProcessSupervisor:
     # -- standbys ------------------------------------------------------------------
 
     def _maybe_standby(self, children: list[Child]) -> None:
-        """Start a standby for each worker slot once its child trains (not before: its
-        imports would slow the child's own start-up)."""
+        """Start a standby for each worker slot once its child has restored (not before:
+        its imports would slow the child's own start-up)."""
         if not self.config.standby or self.plan is None or self.standby_problem is not None:
             return
         if self.stop_requested.is_set():
@@ -608,7 +609,7 @@ class ProcessSupervisor:
             if rank in self.standbys or rank in self.starting_standby or not child.running:
                 continue
             beat = child.beat
-            trains = beat is not None and beat.first_step_done
+            trains = beat is not None and (beat.first_step_done or beat.phase is Phase.RUNNING)
             untold = self.config.stuck_after is None or beat is None
             if trains or (untold and time.monotonic() - child.started > STANDBY_AFTER_SECS):
                 assert self._tg is not None

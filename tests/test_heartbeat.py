@@ -182,6 +182,9 @@ def test_start_up_and_the_final_save_get_the_longer_deadline() -> None:
     assert not judge(first_step, now, 10, 60).stale  # tracing the first step
     assert judge(beat(busy_since=now - 50, job="train_step"), now, 10, 60).stale
     assert not judge(beat(phase=Phase.FINISHING, busy_since=now - 50), now, 10, 60).stale
+    # The loop answers within max_age in every phase: start-up runs on the training thread.
+    blocked_at_start = beat(phase=Phase.STARTING, first_step_done=False, written_at=now - 20)
+    assert "event loop is blocked" in judge(blocked_at_start, now, 10, 60).why
     # A deadline shorter than the beats' own interval would call every run stale.
     assert not judge(beat(interval_secs=5.0, written_at=now - 12), now, 2, 60).stale
     assert judge(None, now, 10, 60) == Verdict(False, "no heartbeat", 60)
