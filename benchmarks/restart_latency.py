@@ -75,10 +75,23 @@ class Run:
         args = ["--logdir", self.logdir, "--standby"] if standby else ["--logdir", self.logdir]
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "asupervisor", "run", *args, "--",
-             sys.executable, script, self.logdir, str(megabytes)],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "asupervisor",
+                "run",
+                *args,
+                "--",
+                sys.executable,
+                script,
+                self.logdir,
+                str(megabytes),
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
         self.firsts: list[list[float]] = []
         self.standbys: list[int] = []
         self._lock = threading.Condition()
@@ -191,8 +204,10 @@ def main() -> None:
             for row in rows:
                 print(f"  {'warm' if standby else 'cold'}: {row['total']:.2f} s", flush=True)
     keys = ["total", "restart", "imports", "build", "session start (restore)", "first step"]
-    print(f"\n{args.megabytes:g} MiB checkpoint, SIGKILL to the next first step, median of "
-          f"{args.trials} (each trial's total in brackets):\n")  # fmt: skip
+    print(
+        f"\n{args.megabytes:g} MiB checkpoint, SIGKILL to the next first step, median of "
+        f"{args.trials} (each trial's total in brackets):\n"
+    )
     print("| start | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
     for name, rows in results.items():

@@ -72,8 +72,9 @@ def test_three_crashes_with_progress_between_are_each_restarted_and_the_run_fini
     logdir.mkdir()
     script = child(tmp_path, SAVES_THEN_FAILS)
     # A backoff longer than the test: progress must make every restart free and at once.
-    run = supervisor("--logdir", str(logdir), "--backoff", "600", "--", sys.executable, script,
-                     str(logdir))  # fmt: skip
+    run = supervisor(
+        "--logdir", str(logdir), "--backoff", "600", "--", sys.executable, script, str(logdir)
+    )
     out, err = run.communicate(timeout=120)
     assert run.returncode == 0, err
     assert out.splitlines() == [f"attempt {n} step {10 * n}" for n in (1, 2, 3, 4)]
@@ -90,8 +91,19 @@ def test_a_crash_loop_gives_up_with_a_report_naming_the_step(tmp_path: Path) -> 
     logdir.mkdir()
     (logdir / "checkpoint").write_text('model_checkpoint_path: "model.ckpt-7"\n')
     script = child(tmp_path, SAVES_THEN_FAILS)
-    run = supervisor("--logdir", str(logdir), "--max-failures", "3", "--backoff", "0.05", "--",
-                     sys.executable, script, str(logdir), "7")  # fmt: skip
+    run = supervisor(
+        "--logdir",
+        str(logdir),
+        "--max-failures",
+        "3",
+        "--backoff",
+        "0.05",
+        "--",
+        sys.executable,
+        script,
+        str(logdir),
+        "7",
+    )
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
     report = err[err.index("crash loop") :]
@@ -193,8 +205,17 @@ def test_a_supervisor_killed_by_sigkill_takes_its_child_along(tmp_path: Path) ->
 
 def test_a_child_that_never_beats_is_stuck_after_the_start_up_deadline(tmp_path: Path) -> None:
     script = child(tmp_path, "import time; time.sleep(1000)")
-    run = supervisor("--stuck-after", "0.5", "--startup-timeout", "1", "--max-failures", "1",
-                     "--", sys.executable, script)  # fmt: skip
+    run = supervisor(
+        "--stuck-after",
+        "0.5",
+        "--startup-timeout",
+        "1",
+        "--max-failures",
+        "1",
+        "--",
+        sys.executable,
+        script,
+    )
     _, err = run.communicate(timeout=60)
     assert run.returncode == 124, err
     assert "no heartbeat 1 s after its start" in err and "crash loop" in err
@@ -209,8 +230,13 @@ def test_help_says_what_it_does_and_the_command_line_imports_no_tensorflow() -> 
         "    main(['run', '--help'])\n"
         "print(out.getvalue()); print('tensorflow' in sys.modules)\n"
     )
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=60, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert done.stdout.rstrip().endswith("False"), done.stdout + done.stderr
     for text in ("examples:", "exit status", "42 ", "crash loop", "--standby", "SIGUSR1"):
         assert text in done.stdout, text

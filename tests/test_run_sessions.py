@@ -119,9 +119,20 @@ def test_hung_children_are_killed_and_restarted_and_sigterm_ends_both_preempted(
     script = tmp_path / "hangs.py"
     script.write_text(textwrap.dedent(HANGS))
     run = Supervised(
-        "--logdir", str(logdir), "--stuck-after", "4", "--startup-timeout", "120",
-        "--grace", "4", "--standby", "--", sys.executable, str(script), str(logdir),
-    )  # fmt: skip
+        "--logdir",
+        str(logdir),
+        "--stuck-after",
+        "4",
+        "--startup-timeout",
+        "120",
+        "--grace",
+        "4",
+        "--standby",
+        "--",
+        sys.executable,
+        str(script),
+        str(logdir),
+    )
     try:
         run.wait_for(r"^trained")
         # Alive from outside while it trains; the ledger shows its three sessions.
@@ -194,8 +205,16 @@ def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path)
     scratch.mkdir()
     os.environ["TMPDIR"] = str(scratch)  # where the non-chief's scratch saves go
     try:
-        run = Supervised("--workers", "2", "--logdir", str(logdir), "--", sys.executable,
-                         str(script), str(logdir))  # fmt: skip
+        run = Supervised(
+            "--workers",
+            "2",
+            "--logdir",
+            str(logdir),
+            "--",
+            sys.executable,
+            str(script),
+            str(logdir),
+        )
     finally:
         del os.environ["TMPDIR"]
     try:
