@@ -3,7 +3,8 @@
 Each session of the chief appends a ``start`` line once it has restored (or begun
 fresh) and an ``end`` line as it closes, both with the session's id, host and pid: a
 ``start`` without its ``end`` is a session that was killed (SIGKILL, a lost machine)
-before it could say how it ended. ``asupervisor inspect`` shows the sessions.
+before it could say how it ended, or stopped at once (a second SIGINT waits for
+nothing). ``asupervisor inspect`` shows the sessions.
 
 Locally a line is appended with ``O_APPEND`` (a kill cannot tear an earlier line) and
 fsynced; an object store has no append, so there the file is read and written whole,
@@ -121,6 +122,7 @@ def render(entries: list[SessionRecord], shown: Any) -> list[str]:
     )
     for e in entries:
         where = shown(f"{e.host}:{e.pid}")[:22]
+        started = shown((e.started or "?")[:19].replace("T", " "))  # UTC, to the second
         restored = e.source == RestoreSource.CHECKPOINT.value
         origin = str(e.restored_step) if restored else shown(e.source or "?")
         if e.ended is None:
@@ -130,7 +132,7 @@ def render(entries: list[SessionRecord], shown: Any) -> list[str]:
             outcome, status = shown(e.outcome or "?"), str(e.exit_status)
             reason = shown(e.reason or "") + (f": {shown(e.error)}" if e.error else "")
         lines.append(
-            f"  {shown(e.started or '?'):<25}  {where:<22}  {origin:>8}  {to:>8}  "
+            f"  {started:<25}  {where:<22}  {origin:>8}  {to:>8}  "
             f"{outcome:<18}  {status:>6}  {reason[:80]}"
         )
     return lines

@@ -43,7 +43,6 @@ import tempfile
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, TextIO
 
 import anyio
@@ -75,6 +74,9 @@ _SEVERITY = [
     Outcome.DONE,
 ]
 _CANNOT_RUN = (126, 127)  # the shell's "not executable" and "not found"
+
+# Runs the standby's file as `__main__`, its own path taken out of sys.argv.
+_LOADER = "import sys; p = sys.argv.pop(1); exec(compile(open(p).read(), p, 'exec'))"
 
 # Run before the command, in the child: die with the supervisor, then become the command.
 _TRAMPOLINE = """\
@@ -621,8 +623,10 @@ class ProcessSupervisor:
         interpreter, script = self.plan
         from . import _standby
 
-        source = Path(_standby.__file__).read_text()
-        argv = [interpreter, "-c", source, str(os.getpid()), script, *self.config.preload]
+        # `python -c`, not `python FILE`: the package's directory must not come first on
+        # sys.path; the file is read by a one-line loader (`ps` shows a short line).
+        argv = [interpreter, "-c", _LOADER, _standby.__file__, str(os.getpid()), script]
+        argv += self.config.preload
         try:
             proc = await self._spawn(argv, dict(os.environ), stdin=subprocess.PIPE)
         except OSError as exc:

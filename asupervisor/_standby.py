@@ -1,10 +1,11 @@
 """A warm standby: an interpreter with TensorFlow imported, waiting for its command.
 
-``asupervisor run --standby`` starts this file's text with ``python -c`` (so that it
-needs nothing but the command's own interpreter), as ``python -c SOURCE PARENT_PID
-SCRIPT MODULE...``. It imports the modules (TensorFlow, Keras, asupervisor: a cold
-start spends most of its seconds there), builds nothing, and waits on its stdin for
-one JSON line ``{"argv": [script, *args], "env": {...}, "cwd": "..."}``. Then it
+``asupervisor run --standby`` runs this file with the command's own interpreter, through
+``python -c LOADER THIS_FILE PARENT_PID SCRIPT MODULE...`` (not ``python THIS_FILE``: the
+package's directory must not come first on ``sys.path``); it needs nothing else. It
+imports the modules (TensorFlow, Keras, asupervisor: a cold start spends most of its
+seconds there), builds nothing, and waits on its stdin for one JSON line
+``{"argv": [script, *args], "env": {...}, "cwd": "..."}``. Then it
 becomes that command: the environment, the working directory, ``sys.argv`` and
 ``sys.path[0]`` as ``python SCRIPT ARGS`` would have them, and the script runs as
 ``__main__`` (``runpy.run_path``); its exit status is the process's.
