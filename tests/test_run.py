@@ -125,6 +125,27 @@ def test_done_preempted_permanent_and_interrupted_children_are_not_restarted(
     assert err.count("child.started") == 1
 
 
+BAD_CONFIGURATION = """
+    import sys
+    import asupervisor as asv  # no TensorFlow: asv.run and the statuses need none
+
+    async def main() -> None:
+        raise ValueError("learning_rate must be > 0, not -0.1")
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_a_bad_configuration_is_not_retried(tmp_path: Path) -> None:
+    run = supervisor(
+        "--max-failures", "5", "--", sys.executable, child(tmp_path, BAD_CONFIGURATION)
+    )
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 78, err  # asv.run: a ValueError is permanent (EX_CONFIG)
+    assert "ValueError: learning_rate must be > 0" in err and err.count("child.started") == 1
+    assert "78 (failed_permanently)" in err and "run.restarting" not in err
+
+
 def test_a_command_that_cannot_run_is_not_retried(tmp_path: Path) -> None:
     run = supervisor("--", str(tmp_path / "no-such-command"))
     _, err = run.communicate(timeout=60)
