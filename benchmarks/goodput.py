@@ -19,7 +19,11 @@ run's duration):
 
 Nothing else acts: the restarts are the top-level command's own (``asupervisor run``,
 or ``until python trainer.py; do sleep 1; done``). Goodput is productive steps per
-wall-clock second under faults over the same without faults. Productive steps are the
+wall-clock second under faults over the same without faults. This VM's speed drifts by
+up to 2x between runs minutes apart, so each run also measures its own training speed
+(steps per second while its processes trained, recorded by the trainer), and "goodput,
+same run" is productive steps over (that speed x the wall time): the share of the wall
+time that went into steps that were kept. Productive steps are the
 target when the run finished; a run that never finishes (a hang nobody notices) is cut
 at ``--budget`` times its fault-free duration, and its productive steps are those of its
 newest checkpoint, from which a person restarting it would go on.
@@ -58,10 +62,17 @@ class Result:
     restarts: int = 0  # top-level starts after the first (the "orchestrator's" restarts)
     hung_at: float | None = None  # when the hang came, if the run never got past it
     recoveries: list[tuple[str, float]] = field(default_factory=list)  # (fault, seconds)
+    speed: float = 0.0  # steps per second while its processes trained (this run's machine)
 
     @property
     def rate(self) -> float:
         return self.productive / self.wall
+
+    @property
+    def own_goodput(self) -> float:
+        """The share of the wall time that went into steps that were kept, at the speed the
+        machine trained at during this same run: immune to the machine's drift between runs."""
+        return self.productive / (self.speed * self.wall)
 
 
 def command(system: str, workdir: str, args: argparse.Namespace) -> list[str]:
@@ -128,6 +139,19 @@ def productive_steps(system: str, workdir: str, args: argparse.Namespace) -> int
 
     latest = tf.train.latest_checkpoint(os.path.join(workdir, "logdir"))
     return 0 if latest is None else int(latest.rsplit("-", 1)[1])
+
+
+def training_speed(workdir: str) -> float:
+    """Steps per second over the spans in which the run's processes trained (between the
+    first and last record of each: start-up and the time after the last record excluded)."""
+    steps = seconds = 0.0
+    for path in Path(workdir).glob("steps-*"):
+        records = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        if len(records) >= 2:
+            (t0, s0), (t1, s1) = records[0], records[-1]
+            steps += float(s1) - float(s0)
+            seconds += float(t1) - float(t0)
+    return steps / seconds if seconds else float("nan")
 
 
 def start(cmd: list[str], log: object) -> subprocess.Popen[bytes]:
@@ -203,6 +227,7 @@ def run(
         proc.wait()
         time.sleep(0.5)
         result.productive = productive_steps(system, workdir, args)
+        result.speed = training_speed(workdir)
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return result
@@ -282,10 +307,11 @@ def main() -> None:
         + "\n"
     )
     print(
-        "| system | fault-free | with faults | goodput | finished without a person | "
-        "time to train again after each fault (s) |"
+        "| system | fault-free: wall, steps/s | with faults: wall, productive steps/s | "
+        "goodput (vs the fault-free run) | goodput, same run (drift-free) | "
+        "finished without a person | seconds to train again after each fault |"
     )
-    print("|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|")
     for system in systems:
         c, f = clean[system], faulted[system]
         if f.finished:
@@ -296,9 +322,9 @@ def main() -> None:
             done = f"**no**: not finished when cut at {f.wall:.0f} s"
         recoveries = ", ".join(f"{kind} {secs:.1f}" for kind, secs in f.recoveries)
         print(
-            f"| {names[system]} | {c.wall:.0f} s, {c.rate:.0f} steps/s | {f.wall:.0f} s, "
-            f"{f.rate:.0f} productive steps/s | **{100 * f.rate / c.rate:.1f}%** | {done} | "
-            f"{recoveries} |"
+            f"| {names[system]} | {c.wall:.0f} s, {c.rate:.1f} | {f.wall:.0f} s, {f.rate:.1f} | "
+            f"{100 * f.rate / c.rate:.1f}% | **{100 * f.own_goodput:.1f}%** (fault-free run: "
+            f"{100 * c.own_goodput:.1f}%) | {done} | {recoveries} |"
         )
     print(f"\nlogs: {keep}")
 

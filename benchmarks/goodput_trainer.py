@@ -54,19 +54,26 @@ def parse() -> argparse.Namespace:
 
 
 class Faults:
-    """Called at the start of every step, in every system."""
+    """Called at the start of every step, in every system. It also records this process's
+    steps: ``WORKDIR/steps-<pid>`` gets ``time steps`` every ``every`` steps, from which
+    the harness reads how fast the machine trained during the very run it measures."""
 
-    def __init__(self, workdir: str) -> None:
+    def __init__(self, workdir: str, every: int) -> None:
         self.workdir = workdir
-        self.first = True
+        self.every = every
+        self.steps = 0
+        self.log = os.path.join(workdir, f"steps-{os.getpid()}")
 
     def __call__(self) -> None:
-        if self.first:
-            self.first = False
+        if self.steps == 0:
             path = os.path.join(self.workdir, "pid")
             with open(path + ".tmp", "w") as f:
                 f.write(f"{os.getpid()} {time.time()}\n")
             os.replace(path + ".tmp", path)
+        if self.steps % self.every == 0:
+            with open(self.log, "a") as f:
+                f.write(f"{time.time()} {self.steps}\n")
+        self.steps += 1
         if FAULT["crash"]:
             raise RuntimeError("injected: a bug in the step")
         if FAULT["hang"]:
@@ -190,7 +197,7 @@ def run_fit(args: argparse.Namespace, faults: Faults) -> int:
 
 if __name__ == "__main__":
     arguments = parse()
-    injector = Faults(arguments.workdir)
+    injector = Faults(arguments.workdir, arguments.save_steps)
     runner = {"asv": run_asv, "loop": run_loop, "fit": run_fit}[arguments.system]
     status = runner(arguments, injector)
     import gc
