@@ -659,15 +659,16 @@ class ProcessSupervisor:
             f"asupervisor run: crash loop: {streak} failures in a row without a checkpoint "
             f"newer than step {base} ({where}); not restarting",
             f"  {'attempt':>7}  {'exit status':<22}  {'reached step':>12}  "
-            f"{'checkpoint':>10}  {'ran for':>8}",
+            f"{'checkpoint':>10}  {'newer':>5}  {'ran for':>8}",
         ]
         for r in self.history[-20:]:
             statuses = ", ".join(describe_status(s) for s in r.statuses)
             reached = "?" if r.reached_step is None else str(r.reached_step)
             checkpoint = "none" if r.checkpoint_step is None else str(r.checkpoint_step)
+            newer = "yes" if r.progressed else "no"
             lines.append(
                 f"  {r.number:>7}  {statuses:<22}  {reached:>12}  {checkpoint:>10}  "
-                f"{r.seconds:>7.1f}s"
+                f"{newer:>5}  {r.seconds:>7.1f}s"
             )
         last = self.history[-1]
         lines.append(f"  the last failure: {last.why}")

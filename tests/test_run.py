@@ -109,7 +109,9 @@ def test_a_crash_loop_gives_up_with_a_report_naming_the_step(tmp_path: Path) -> 
     report = err[err.index("crash loop") :]
     assert "3 failures in a row without a checkpoint newer than step 7" in report
     rows = [line.split() for line in report.splitlines() if line.strip()[:1].isdigit()]
-    assert [(row[0], row[1], row[4]) for row in rows] == [(n, "1", "7") for n in "123"]
+    assert [(row[0], row[1], row[4], row[5]) for row in rows] == [
+        (n, "1", "7", "no") for n in "123"
+    ]
     assert "    | noise\n    | boom at step 7\n" in report  # the last lines of its stderr
     assert err.count("child.started") == 3
 
