@@ -73,7 +73,10 @@ class Presence:
     # -- the session's side ------------------------------------------------------------
 
     def start(self) -> None:
-        """Begin beating (on the loop, at the session's entry)."""
+        """Begin beating (on the loop, at the session's entry); nothing to do for a session
+        that writes no logdir and was given no heartbeat file."""
+        if self._store is None and self.env_path is None:
+            return
         self._running = True
         spawn(self._beat_forever, "asupervisor-heartbeat")
 
@@ -115,9 +118,10 @@ class Presence:
                 **end,
             }
         )
+        if not self._running:
+            return
         with anyio.move_on_after(wait):
-            if self._running:
-                await self._done.wait()  # a write in flight finishes first
+            await self._done.wait()  # a write in flight finishes first
             await self._flush()
 
     # -- the writer ----------------------------------------------------------------------

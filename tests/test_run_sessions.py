@@ -126,7 +126,7 @@ def test_hung_children_are_killed_and_restarted_and_sigterm_ends_both_preempted(
         "--startup-timeout",
         "120",
         "--grace",
-        "4",
+        "6",
         "--standby",
         "--",
         sys.executable,
