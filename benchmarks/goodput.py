@@ -327,6 +327,45 @@ def main() -> None:
             f"{100 * c.own_goodput:.1f}%) | {done} | {recoveries} |"
         )
     print(f"\nlogs: {keep}")
+    write_results(args, schedule, clean, faulted, names)
+
+
+def write_results(
+    args: argparse.Namespace,
+    schedule: list[tuple[float, str]],
+    clean: dict[str, Result],
+    faulted: dict[str, Result],
+    names: dict[str, str],
+) -> None:
+    """The figures the docs' "measured" page shows, so that no table is copied by hand."""
+    rows = []
+    for system, c in clean.items():
+        f = faulted[system]
+        rows.append(
+            {
+                "system": names[system],
+                "clean_wall_s": round(c.wall, 1),
+                "clean_steps_per_s": round(c.rate, 1),
+                "faulted_wall_s": round(f.wall, 1),
+                "faulted_steps_per_s": round(f.rate, 1),
+                "goodput_pct": round(100 * f.rate / c.rate, 1),
+                "goodput_same_run_pct": round(100 * f.own_goodput, 1),
+                "finished": f.finished,
+                "recoveries": [[kind, round(secs, 1)] for kind, secs in f.recoveries],
+            }
+        )
+    out = ROOT / "benchmarks" / "results" / "goodput.json"
+    out.parent.mkdir(exist_ok=True)
+    payload = {
+        "benchmark": "goodput",
+        "command": "python benchmarks/goodput.py " + " ".join(sys.argv[1:]),
+        "steps": args.steps,
+        "save_steps": args.save_steps,
+        "faults": [[kind, round(at)] for at, kind in schedule],
+        "rows": rows,
+    }
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"results: {out}")
 
 
 if __name__ == "__main__":
