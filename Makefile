@@ -40,6 +40,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/lifecycle_latency.py
+	$(PY) benchmarks/restart_latency.py
 	$(PY) benchmarks/close_stall.py
 	$(PY) benchmarks/fit_overhead.py
 	$(PY) benchmarks/multiworker.py

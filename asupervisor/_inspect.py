@@ -15,6 +15,7 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from . import _heartbeat, _ledger
 from ._logdir import STATE, checkpoint_bytes, checkpoint_problem, files_problem
 from ._records import read_evaluated, read_records
 from ._store import Store, is_object_store, no_file_system
@@ -59,6 +60,9 @@ class LogdirReport:
     checkpoints: list[CheckpointInfo] = field(default_factory=list)
     tags: dict[str, TagInfo] = field(default_factory=dict)
     events_files: list[EventsFileInfo] = field(default_factory=list)
+    sessions: list[_ledger.SessionRecord] = field(default_factory=list)  # the run ledger
+    heartbeat: dict[str, Any] | None = None  # the chief's last beat
+    heartbeat_problem: str | None = None
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -176,6 +180,12 @@ def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
     match = _INDEX.match(os.path.basename(latest) + ".index") if latest else None
     report = LogdirReport(logdir, latest, int(match["step"]) if match else None)
     report.checkpoints = find_checkpoints(store, names, verify)
+    report.sessions = _ledger.sessions(_ledger.read(store))
+    try:
+        beat = _heartbeat.read(store.path(_heartbeat.NAME))
+        report.heartbeat = None if beat is None else beat.as_dict()
+    except (OSError, ValueError) as exc:
+        report.heartbeat_problem = f"{type(exc).__name__}: {exc}"[:200]
     report.events_files = (
         read_events(store, names, report.tags)
         if any(n.startswith("events.out.tfevents.") for n in names)

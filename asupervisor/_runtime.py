@@ -37,6 +37,7 @@ from ._log import log
 from ._loopwatch import LoopWatch
 from ._outcome import Outcome, StopReason, is_permanent, reason_of
 from ._position import Position
+from ._presence import Presence
 from ._records import Record, finite_numbers
 from ._root import SavedRoot
 from ._services import Registration, ServiceGroup
@@ -105,6 +106,7 @@ class SessionRuntime:
         self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
         self._no_writer_warned = False
         self.rollback_history: list[str] = []
+        self.presence = Presence(self)  # the heartbeat and the ledger
 
     # -- what start-up and shutdown hand over ------------------------------------------
 
@@ -454,6 +456,11 @@ class SessionRuntime:
         """How the session ended (``None`` until it has closed)."""
         if self.phase is not Phase.CLOSED:
             return None
+        return self.ending()
+
+    def ending(self) -> Outcome:
+        """How the session ends, as far as is known now (final once it has closed: the
+        close path writes it into the heartbeat and the ledger before the lock goes)."""
         error = self.flag.error
         if self.interrupted or self.cancelled is not None:
             return Outcome.INTERRUPTED
@@ -471,12 +478,16 @@ class SessionRuntime:
     ) -> AsyncIterator[Any]:
         self.thread.start()
         self.loopwatch.start()
+        self.presence.start()
         if self.sv.handle_signals:
-            self.signals = SignalListener(self.caller, self._on_signal, self._on_interrupt)
+            self.signals = SignalListener(
+                self.caller, self._on_signal, self._on_interrupt, self.sv.stop_signals
+            )
             if not self.signals.install():
                 log.info("signals.not_handled", reason="the session is not in the main thread")
         try:
             self.restore_report = await _startup.start(self, wait, max_wait_secs)
+            self.presence.started(self.restore_report)
             async with anyio.create_task_group() as tg:
                 self.scopes.append(tg.cancel_scope)
                 self.services.open()

@@ -44,6 +44,15 @@ async def close(rt: SessionRuntime) -> None:
         if not done and rt.flag.error is None:
             log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
         rt.saves_done(hooks=False)  # on disk now: not counted as lost
+    # The last beat and the ledger's end line, while this session still holds the logdir.
+    await rt.presence.close(
+        rt.ending(),
+        wait,
+        step=rt.step.value,
+        reason=str(rt.flag.reason),
+        error=describe_error(rt.flag.error),
+        unsaved_steps=unsaved_steps(rt),
+    )
     await _off_loop(rt.guard.close, wait)  # an object store's lease: I/O, off the loop
     if rt.stuck is None and not rt.interrupted:
         await _off_loop(rt.thread.join, wait, wait)

@@ -8,6 +8,7 @@ only; everything that lives for one session belongs to that session's runtime.
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import AsyncIterator, Callable, Iterable, Mapping
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
@@ -21,6 +22,7 @@ from ._retention import KeepBest
 from ._root import user_checkpoint
 from ._services import Registration, register
 from ._session import ManagedSession
+from ._signals import check_stop_signals
 from ._store import is_object_store, no_file_system
 
 if TYPE_CHECKING:
@@ -62,11 +64,13 @@ class Supervisor:
         recoverable_errors: tuple[type[BaseException], ...] | None = None,
         max_recoveries: int = 3,
         handle_signals: bool = True,
+        stop_signals: Iterable[signal.Signals | int | str] = (signal.SIGTERM, signal.SIGINT),
         hooks: Iterable[Hook] = (),
         summary_writer: Any = "auto",
         step_timeout_secs: float | None = None,
         keep_best: KeepBest | None = None,
         on_divergence: Rollback | str | None = None,
+        heartbeat_secs: float = 2.0,
     ) -> None:
         self.logdir = _check_logdir(logdir)
         self.strategy, self.role = _find_strategy(strategy)
@@ -90,11 +94,13 @@ class Supervisor:
         self.recoverable_errors = _check_error_types(recoverable_errors)
         self.max_recoveries = check.non_negative_int("max_recoveries", max_recoveries)
         self.handle_signals = check.boolean("handle_signals", handle_signals)
+        self.stop_signals = check_stop_signals(stop_signals)
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
         self.keep_best = _check_keep_best(keep_best)
         self.on_divergence = _check_divergence(on_divergence)
+        self.heartbeat_secs = check.non_negative("heartbeat_secs", heartbeat_secs)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
         # The user's checkpoint object, read at each save (what it holds *then* is saved).
         self.checkpoint = user_checkpoint(checkpoint, self.global_step)

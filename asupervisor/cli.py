@@ -1,5 +1,5 @@
-"""The ``asupervisor`` command line: ``asupervisor inspect LOGDIR [--json]``,
-``asupervisor evaluate LOGDIR --script PATH`` (``_evaluate_cli``).
+"""The ``asupervisor`` command line: ``inspect LOGDIR``, ``run -- COMMAND``,
+``health LOGDIR``, ``evaluate LOGDIR --script PATH`` (``_evaluate_cli``).
 
 Fast to start: TensorFlow is imported only when a logdir has something to read.
 """
@@ -14,6 +14,7 @@ from collections.abc import Sequence
 
 from . import _evaluate_cli
 from ._inspect import LogdirReport, inspect_logdir
+from ._runcli import add_commands, ledger_lines
 
 EPILOG = """\
 examples:
@@ -70,13 +71,14 @@ def render(report: LogdirReport) -> str:
     for f in report.events_files:
         damage = f"  DAMAGED: {shown(f.damaged)}" if f.damaged else ""
         lines.append(f"  {shown(f.name)}  {_size(f.bytes)}  {f.events} events{damage}")
+    lines += ["", *ledger_lines(report, shown)]
     return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="asupervisor",
-        description="Look into asupervisor training runs.",
+        description="Look into asupervisor training runs, and run them without a person.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
@@ -99,6 +101,7 @@ def _parser() -> argparse.ArgumentParser:
         help="do not read every checkpoint back (faster for very large checkpoints)",
     )
     _evaluate_cli.add_parser(commands)
+    add_commands(commands, argparse.RawDescriptionHelpFormatter)  # run, health
     return parser
 
 
@@ -126,6 +129,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "evaluate":
         return _evaluate_cli.main(args)
+    handler = getattr(args, "handler", None)
+    if handler is not None:  # run, health
+        return int(handler(args))
     if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
         _quiet_tensorflow()
     try:

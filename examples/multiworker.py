@@ -134,7 +134,8 @@ def launch(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGINT, forward)
     codes = [child.wait() for child in children]
     print(f"workers exited with {codes}", flush=True)
-    return max(codes, key=abs)
+    # The worst status: a failure (1) before a preemption (42) before done (0).
+    return max(codes, key=lambda code: (code not in (0, 42), code == 42, abs(code)))
 
 
 # -- one worker ------------------------------------------------------------------
@@ -320,23 +321,28 @@ def main() -> int:
     if args.workers is not None:
         return launch(args)
     tf = import_tensorflow_quietly()
-    import anyio
+    import asupervisor as asv
 
-    try:
-        code = anyio.run(train, args, tf)
-    except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError) as exc:
-        # Another worker is gone: this one stopped without a final save (that would
-        # need every worker). Start the whole job again and it resumes.
-        print(
-            f"a worker of this job was lost ({type(exc).__name__}); run the job again to "
-            "resume from the last checkpoint",
-            flush=True,
-        )
-        return 1
+    async def train_or_explain(args: argparse.Namespace, tf: Any) -> int:
+        try:
+            return await train(args, tf)
+        except (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError):
+            # Another worker is gone: this one stopped without a final save (that would
+            # need every worker). Start the whole job again and it resumes.
+            print(
+                "a worker of this job was lost; run the job again to resume from the last "
+                "checkpoint",
+                flush=True,
+            )
+            raise
+
+    # The exit status says how training ended: 0 done, 42 preempted, 1 failed (a lost
+    # worker)... (see the README's "Exit statuses").
+    status = asv.run(train_or_explain, args, tf)
     # Everything is saved and closed: skip the interpreter's final garbage collection
     # over TensorFlow's ~300k objects (0.9 s of a 1 s exit here; gc.freeze: 0.1 s).
     gc.freeze()
-    return code
+    return status
 
 
 if __name__ == "__main__":

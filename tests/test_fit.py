@@ -87,12 +87,14 @@ def test_sigkill_mid_epoch_resumes_fit_at_the_batch_of_the_last_checkpoint(
     assert int(final) == (last_saved // batches + 2) * batches
 
 
-def test_sigterm_during_fit_exits_zero_with_a_checkpoint_at_the_last_batch(tmp_path: Path) -> None:
+def test_sigterm_during_fit_exits_preempted_with_a_checkpoint_at_the_last_batch(
+    tmp_path: Path,
+) -> None:
     logdir = tmp_path / "run"
     run = Run(logdir, "--epochs", "1000", "--save-secs", "30")
     run.wait_for(re.compile(r"^epoch 1 "))  # past the first epoch
     run.proc.send_signal(signal.SIGTERM)
-    assert run.finish() == 0, run.output()
+    assert run.finish() == 42, run.output()  # preempted: saved, to be started again
     step, reason, epoch, batch = run.find(STOPPED)[0].groups()
     assert reason == "signal"
     assert tf.train.latest_checkpoint(str(logdir)).endswith(f"model.ckpt-{step}")

@@ -130,7 +130,13 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
     names = {p.name for p in logdir.iterdir()}
     events = [n for n in names if n.startswith("events.out.tfevents")]
     assert len(events) == 1 and f".{job[0].proc.pid}." in events[0]
-    own = {"checkpoint", ".asupervisor.lock", ".asupervisor.checkpoints"}  # state, lock, records
+    own = {
+        "checkpoint",
+        ".asupervisor.lock",
+        ".asupervisor.checkpoints",
+        ".asupervisor.heartbeat",
+        "asupervisor-ledger.jsonl",
+    }  # state, lock, records, presence
     assert names - set(events) - own == {
         f"model.ckpt-{s}.{ext}" for s in steps for ext in ("index", "data-00000-of-00001")
     }
@@ -162,7 +168,7 @@ def test_sigterm_to_the_non_chief_stops_both_at_one_step_with_a_final_checkpoint
         both_exited = time.monotonic() - sent
     finally:
         finish(job, timeout=1)
-    assert codes == [0, 0], job[0].output[-3000:]
+    assert codes == [42, 42], job[0].output[-3000:]  # both preempted: saved, not done
     (step0, reason0), (step1, reason1) = (w.stopped_at() for w in job)
     assert reason0 == reason1 == "signal"
     assert step0 == step1 > int(saved[1])

@@ -17,7 +17,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoints import verify_checkpoint
-from tests.conftest import Pair, named
+from tests.conftest import Pair, named, pair_supervisor
 from tests.faults.harness import Trainer
 
 
@@ -69,7 +69,8 @@ def test_sigterm_to_a_training_process_loses_no_step(tmp_path: Path) -> None:
     run = Trainer(logdir)
     run.wait_for(lambda: run.last_step >= 20)
     run.proc.send_signal(signal.SIGTERM)
-    assert run.proc.wait(60) == 42, run.stderr_text()  # preempted: saved, to be run again
+    # Preempted, not done: the trainer ends with asv.run, and 42 asks to be started again.
+    assert run.proc.wait(60) == asv.Outcome.PREEMPTED.exit_status == 42, run.stderr_text()
     assert run.stopped == (run.last_step, "signal")
     assert run.last_saved == run.last_step  # the final checkpoint is the last completed step
     latest = tf.train.latest_checkpoint(logdir)
@@ -180,3 +181,54 @@ async def test_a_signal_during_shutdown_reaches_the_handler_in_force_after(
         assert received == [signal.SIGTERM]  # not swallowed by the stopping session
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.asyncio
+async def test_the_stop_signals_are_the_sessions_choice(
+    logdir: str, pair: Pair, events: list[dict[str, Any]]
+) -> None:
+    """SLURM asks a job to requeue with SIGUSR1: a session told so stops gracefully on it,
+    ends preempted, and leaves SIGTERM and SIGINT as they were."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    received: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: received.append(signum))
+    try:
+        sv = pair_supervisor(logdir, pair, handle_signals=True, stop_signals=("SIGUSR1",))
+        async with sv.session() as sess:
+            assert {sig: signal.getsignal(sig) for sig in before} == before
+            while not sess.should_stop():
+                await sess.run(pair.step)
+                if sess.global_step == 3:
+                    os.kill(os.getpid(), signal.SIGUSR1)
+                await anyio.sleep(0)
+        assert sess.stop_reason == "signal" and sess.outcome is asv.Outcome.PREEMPTED
+        assert tf.train.latest_checkpoint(logdir).endswith(f"model.ckpt-{sess.global_step}")
+        assert named(events, "signal.received")[0]["signal"] == "SIGUSR1"
+        os.kill(os.getpid(), signal.SIGUSR1)  # the handler the process had is back
+        assert received == [signal.SIGUSR1]
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+
+
+@pytest.mark.asyncio
+async def test_overlapping_sessions_with_different_stop_signals_put_every_handler_back(
+    tmp_path: Path,
+) -> None:
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGUSR1)}
+    first = asv.Supervisor(None, stop_signals=[signal.SIGTERM, signal.SIGUSR1])
+    second = asv.Supervisor(None, stop_signals=(signal.SIGUSR1.value,))
+    async with first.session() as one:
+        async with second.session() as two:
+            os.kill(os.getpid(), signal.SIGUSR1)  # both listen for it
+            await anyio.sleep(0.1)
+            assert one.should_stop() and two.should_stop()
+        assert signal.getsignal(signal.SIGUSR1) is not handlers[signal.SIGUSR1]  # one listens
+    assert {sig: signal.getsignal(sig) for sig in handlers} == handlers
+
+
+@pytest.mark.parametrize(
+    "value", [(), "SIGTERM", ("SIGKILL",), (signal.SIGCHLD,), ("NOSUCH",), (999,), (True,)]
+)
+def test_stop_signals_are_checked_at_construction(value: Any) -> None:
+    with pytest.raises(ValueError, match="stop_signals"):
+        asv.Supervisor(None, stop_signals=value)

@@ -1,0 +1,372 @@
+"""Goodput under faults, with no person in the loop: `asupervisor run` + `sess.train`
+against a shell `until` loop around a hand-written CheckpointManager loop and around
+Keras `fit` + `BackupAndRestore`.
+
+    python benchmarks/goodput.py                       # about an hour here
+    python benchmarks/goodput.py --steps 4000           # a smoke run (faults too close)
+
+Each system trains the same model (784-512-512-10, Adam, batch 128) until its optimizer
+has taken ``--steps`` steps, saving every ``--save-steps``, once without faults and once
+under one fault schedule, the same for all (seeded times, drawn within the fault-free
+run's duration):
+
+- SIGKILL of the training process at three moments (a crash, the OOM killer);
+- one exception raised by a step (SIGUSR2 to the trainer: its next step raises);
+- one hang (SIGRTMIN+1: its next step sleeps forever);
+- one preemption: SIGTERM to the whole process group of the top-level command (a
+  node going away), SIGKILL after a grace of 30 s, and the command started again at
+  once (what a Kubernetes Job or SLURM's requeue does).
+
+Nothing else acts: the restarts are the top-level command's own (``asupervisor run``,
+or ``until python trainer.py; do sleep 1; done``). Goodput is productive steps per
+wall-clock second under faults over the same without faults. This VM's speed drifts by
+up to 2x between runs minutes apart, so each run also measures its own training speed
+(steps per second while its processes trained, recorded by the trainer), and "goodput,
+same run" is productive steps over (that speed x the wall time): the share of the wall
+time that went into steps that were kept. Productive steps are the
+target when the run finished; a run that never finishes (a hang nobody notices) is cut
+at ``--budget`` times its fault-free duration, and its productive steps are those of its
+newest checkpoint, from which a person restarting it would go on.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAINER = ROOT / "benchmarks" / "goodput_trainer.py"
+HANG = signal.SIGRTMIN + 1
+PREEMPT_GRACE = 30.0
+KINDS = ["kill", "kill", "kill", "exception", "hang", "preempt"]
+
+
+@dataclass
+class Result:
+    system: str
+    faults: bool
+    wall: float = 0.0
+    productive: int = 0
+    finished: bool = False
+    restarts: int = 0  # top-level starts after the first (the "orchestrator's" restarts)
+    hung_at: float | None = None  # when the hang came, if the run never got past it
+    recoveries: list[tuple[str, float]] = field(default_factory=list)  # (fault, seconds)
+    speed: float = 0.0  # steps per second while its processes trained (this run's machine)
+
+    @property
+    def rate(self) -> float:
+        return self.productive / self.wall
+
+    @property
+    def own_goodput(self) -> float:
+        """The share of the wall time that went into steps that were kept, at the speed the
+        machine trained at during this same run: immune to the machine's drift between runs."""
+        return self.productive / (self.speed * self.wall)
+
+
+def command(system: str, workdir: str, args: argparse.Namespace) -> list[str]:
+    trainer = [
+        sys.executable,
+        str(TRAINER),
+        system,
+        workdir,
+        "--steps",
+        str(args.steps),
+        "--save-steps",
+        str(args.save_steps),
+    ]
+    if system == "asv":
+        logdir = os.path.join(workdir, "logdir")
+        return [
+            sys.executable,
+            "-m",
+            "asupervisor",
+            "run",
+            "--logdir",
+            logdir,
+            "--standby",
+            "--stuck-after",
+            str(args.stuck_after),
+            "--startup-timeout",
+            "300",
+            "--grace",
+            str(PREEMPT_GRACE - 5),
+            "--",
+            *trainer,
+        ]
+    quoted = " ".join(f"'{part}'" for part in trainer)
+    return ["bash", "-c", f"until {quoted}; do sleep 1; done"]
+
+
+def trainer_pid(workdir: str) -> tuple[int, float] | None:
+    try:
+        pid, when = Path(workdir, "pid").read_text().split()
+    except (OSError, ValueError):
+        return None
+    return int(pid), float(when)
+
+
+def alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state not in "ZX"
+
+
+def productive_steps(system: str, workdir: str, args: argparse.Namespace) -> int:
+    """The optimizer steps in the newest state a restart would go on from."""
+    if Path(workdir, "done").exists():
+        return args.steps
+    if system == "fit":
+        try:
+            metadata = json.loads(Path(workdir, "backup", "training_metadata.json").read_text())
+        except OSError:
+            return 0
+        return int(metadata["epoch"]) * 1000  # BackupAndRestore restarts the epoch
+    import tensorflow as tf
+
+    latest = tf.train.latest_checkpoint(os.path.join(workdir, "logdir"))
+    return 0 if latest is None else int(latest.rsplit("-", 1)[1])
+
+
+def training_speed(workdir: str) -> float:
+    """Steps per second over the spans in which the run's processes trained (between the
+    first and last record of each: start-up and the time after the last record excluded)."""
+    steps = seconds = 0.0
+    for path in Path(workdir).glob("steps-*"):
+        records = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        if len(records) >= 2:
+            (t0, s0), (t1, s1) = records[0], records[-1]
+            steps += float(s1) - float(s0)
+            seconds += float(t1) - float(t0)
+    return steps / seconds if seconds else float("nan")
+
+
+def start(cmd: list[str], log: object) -> subprocess.Popen[bytes]:
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    return subprocess.Popen(
+        cmd,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+        env=env,  # type: ignore[arg-type]
+        start_new_session=True,
+    )
+
+
+def kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def run(
+    system: str,
+    schedule: list[tuple[float, str]],
+    budget: float,
+    args: argparse.Namespace,
+    keep: str,
+) -> Result:
+    workdir = tempfile.mkdtemp(prefix=f"goodput-{system}-")
+    result = Result(system, bool(schedule))
+    log = open(os.path.join(keep, f"{system}-{'faults' if schedule else 'clean'}.log"), "wb")
+    cmd = command(system, workdir, args)
+    began = time.monotonic()
+    proc = start(cmd, log)
+    pending = list(schedule)
+    waiting: list[tuple[str, float, int]] = []  # faults whose recovery is not seen yet
+    faulted: set[int] = set()
+    try:
+        while True:
+            now = time.monotonic() - began
+            if Path(workdir, "done").exists() and proc.poll() is not None:
+                result.finished = True
+                break
+            if proc.poll() is not None:  # preempted, or the loop gave up: start it again
+                proc = start(cmd, log)
+                result.restarts += 1
+            if now > budget:
+                break
+            current = trainer_pid(workdir)
+            if current is not None:
+                for kind, at, pid in list(waiting):
+                    if current[0] != pid:  # a new process trains: recovered
+                        result.recoveries.append((kind, current[1] - at))
+                        waiting.remove((kind, at, pid))
+            if pending and now >= pending[0][0] and current is not None:
+                pid = current[0]
+                if alive(pid) and pid not in faulted:
+                    _, kind = pending.pop(0)
+                    faulted.add(pid)
+                    waiting.append((kind, time.time(), pid))
+                    if kind == "hang":
+                        result.hung_at = now
+                    deliver(kind, pid, proc)
+            time.sleep(0.05)
+        result.wall = time.monotonic() - began if result.finished else budget
+        if result.finished:
+            result.hung_at = None
+        elif waiting and any(kind == "hang" for kind, _, _ in waiting):
+            pass  # never recovered from the hang
+        else:
+            result.hung_at = None
+    finally:
+        kill_group(proc, signal.SIGKILL)
+        proc.wait()
+        time.sleep(0.5)
+        result.productive = productive_steps(system, workdir, args)
+        result.speed = training_speed(workdir)
+        log.close()
+        shutil.rmtree(workdir, ignore_errors=True)
+    return result
+
+
+def deliver(kind: str, pid: int, top: subprocess.Popen[bytes]) -> None:
+    if kind == "kill":
+        os.kill(pid, signal.SIGKILL)
+    elif kind == "exception":
+        os.kill(pid, signal.SIGUSR2)
+    elif kind == "hang":
+        os.kill(pid, HANG)
+    else:  # the node goes away: SIGTERM to the group, SIGKILL after the grace
+        kill_group(top, signal.SIGTERM)
+        try:
+            top.wait(PREEMPT_GRACE)
+        except subprocess.TimeoutExpired:
+            kill_group(top, signal.SIGKILL)
+            top.wait()
+
+
+def make_schedule(duration: float, seed: int) -> list[tuple[float, str]]:
+    rng = random.Random(seed)
+    kinds = list(KINDS)
+    rng.shuffle(kinds)
+    while True:
+        times = sorted(rng.uniform(0.1 * duration, 0.85 * duration) for _ in kinds)
+        if min(b - a for a, b in itertools.pairwise(times)) > 0.08 * duration:
+            return list(zip(times, kinds, strict=True))
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--steps", type=int, default=50000)
+    parser.add_argument("--save-steps", type=int, default=200)
+    parser.add_argument("--stuck-after", type=float, default=5.0)
+    parser.add_argument(
+        "--budget",
+        type=float,
+        default=1.2,
+        help="a run that does not finish is cut at this times its fault-free time",
+    )
+    parser.add_argument("--seed", type=int, default=22)
+    parser.add_argument("--systems", default="asv,loop,fit")
+    parser.add_argument("--logs", default=None, help="keep the runs' output here")
+    args = parser.parse_args()
+    keep = args.logs or tempfile.mkdtemp(prefix="goodput-logs-")
+    os.makedirs(keep, exist_ok=True)
+    systems = args.systems.split(",")
+    clean = {}
+    for system in systems:
+        clean[system] = run(system, [], 10**6, args, keep)
+        print(
+            f"{system}: fault-free {clean[system].wall:.1f} s, {clean[system].rate:.1f} steps/s",
+            flush=True,
+        )
+    schedule = make_schedule(clean[systems[0]].wall, args.seed)
+    print("schedule: " + ", ".join(f"{kind} at {at:.0f} s" for at, kind in schedule), flush=True)
+    faulted = {}
+    for system in systems:
+        budget = args.budget * clean[system].wall
+        faulted[system] = run(system, schedule, budget, args, keep)
+        r = faulted[system]
+        print(
+            f"{system}: with faults {r.wall:.1f} s, {r.productive} productive steps, "
+            f"finished {r.finished}, recoveries {r.recoveries}",
+            flush=True,
+        )
+    names = {
+        "asv": "`asupervisor run --standby` + `sess.train`",
+        "loop": "`until` loop + hand-written `CheckpointManager` loop",
+        "fit": "`until` loop + Keras `fit` + `BackupAndRestore`",
+    }
+    print(
+        f"\n{args.steps} steps, a save every {args.save_steps}; faults: "
+        + ", ".join(f"{kind} at {at:.0f} s" for at, kind in schedule)
+        + "\n"
+    )
+    print(
+        "| system | fault-free: wall, steps/s | with faults: wall, productive steps/s | "
+        "goodput (vs the fault-free run) | goodput, same run (drift-free) | "
+        "finished without a person | seconds to train again after each fault |"
+    )
+    print("|---|---|---|---|---|---|---|")
+    for system in systems:
+        c, f = clean[system], faulted[system]
+        if f.finished:
+            done = "yes"
+        elif f.hung_at is not None:
+            done = f"**no**: hung at {f.hung_at:.0f} s, cut at {f.wall:.0f} s"
+        else:
+            done = f"**no**: not finished when cut at {f.wall:.0f} s"
+        recoveries = ", ".join(f"{kind} {secs:.1f}" for kind, secs in f.recoveries)
+        print(
+            f"| {names[system]} | {c.wall:.0f} s, {c.rate:.1f} | {f.wall:.0f} s, {f.rate:.1f} | "
+            f"{100 * f.rate / c.rate:.1f}% | **{100 * f.own_goodput:.1f}%** (fault-free run: "
+            f"{100 * c.own_goodput:.1f}%) | {done} | {recoveries} |"
+        )
+    print(f"\nlogs: {keep}")
+    write_results(args, schedule, clean, faulted, names)
+
+
+def write_results(
+    args: argparse.Namespace,
+    schedule: list[tuple[float, str]],
+    clean: dict[str, Result],
+    faulted: dict[str, Result],
+    names: dict[str, str],
+) -> None:
+    """The figures the docs' "measured" page shows, so that no table is copied by hand."""
+    rows = []
+    for system, c in clean.items():
+        f = faulted[system]
+        rows.append(
+            {
+                "system": names[system],
+                "clean_wall_s": round(c.wall, 1),
+                "clean_steps_per_s": round(c.rate, 1),
+                "faulted_wall_s": round(f.wall, 1),
+                "faulted_steps_per_s": round(f.rate, 1),
+                "goodput_pct": round(100 * f.rate / c.rate, 1),
+                "goodput_same_run_pct": round(100 * f.own_goodput, 1),
+                "finished": f.finished,
+                "recoveries": [[kind, round(secs, 1)] for kind, secs in f.recoveries],
+            }
+        )
+    out = ROOT / "benchmarks" / "results" / "goodput.json"
+    out.parent.mkdir(exist_ok=True)
+    payload = {
+        "benchmark": "goodput",
+        "command": "python benchmarks/goodput.py " + " ".join(sys.argv[1:]),
+        "steps": args.steps,
+        "save_steps": args.save_steps,
+        "faults": [[kind, round(at)] for at, kind in schedule],
+        "rows": rows,
+    }
+    out.write_text(json.dumps(payload, indent=1) + "\n")
+    print(f"results: {out}")
+
+
+if __name__ == "__main__":
+    main()

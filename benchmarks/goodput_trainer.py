@@ -1,0 +1,206 @@
+"""The trainer that benchmarks/goodput.py runs and breaks: one model, three ways to train it.
+
+    python benchmarks/goodput_trainer.py {asv,loop,fit} WORKDIR --steps N --save-steps S
+
+- ``asv``: ``sess.train`` under a Supervisor (meant to run under ``asupervisor run``);
+- ``loop``: a hand-written loop with ``tf.train.CheckpointManager`` (meant for a shell
+  ``until`` loop);
+- ``fit``: Keras ``fit`` with ``BackupAndRestore(save_freq=S)`` (the same ``until`` loop).
+
+Each trains until the optimizer has taken ``N`` steps, saving every ``S`` steps, and
+writes ``WORKDIR/done`` when it has. Faults are injected the same way into all three:
+SIGUSR2 makes the next step raise, SIGRTMIN+1 makes the next step sleep forever (a hang).
+The trainer writes its pid into ``WORKDIR/pid`` at its first step: the harness sends its
+faults to a process that trains.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+
+FAULT = {"crash": False, "hang": False}
+HANG = signal.SIGRTMIN + 1
+
+
+def _crash(signum: int, frame: object) -> None:
+    FAULT["crash"] = True
+
+
+def _hang(signum: int, frame: object) -> None:
+    FAULT["hang"] = True
+
+
+# First: a fault that comes during the imports acts at the first step, not as a death.
+signal.signal(signal.SIGUSR2, _crash)
+signal.signal(HANG, _hang)
+
+import argparse  # noqa: E402
+import os  # noqa: E402
+from typing import Any  # noqa: E402
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+
+
+def parse() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("system", choices=("asv", "loop", "fit"))
+    parser.add_argument("workdir")
+    parser.add_argument("--steps", type=int, default=30000)
+    parser.add_argument("--save-steps", type=int, default=200)
+    parser.add_argument("--steps-per-epoch", type=int, default=1000, help="(fit)")
+    return parser.parse_args()
+
+
+class Faults:
+    """Called at the start of every step, in every system. It also records this process's
+    steps: ``WORKDIR/steps-<pid>`` gets ``time steps`` every ``every`` steps, from which
+    the harness reads how fast the machine trained during the very run it measures."""
+
+    def __init__(self, workdir: str, every: int) -> None:
+        self.workdir = workdir
+        self.every = every
+        self.steps = 0
+        self.log = os.path.join(workdir, f"steps-{os.getpid()}")
+
+    def __call__(self) -> None:
+        if self.steps == 0:
+            path = os.path.join(self.workdir, "pid")
+            with open(path + ".tmp", "w") as f:
+                f.write(f"{os.getpid()} {time.time()}\n")
+            os.replace(path + ".tmp", path)
+        if self.steps % self.every == 0:
+            with open(self.log, "a") as f:
+                f.write(f"{time.time()} {self.steps}\n")
+        self.steps += 1
+        if FAULT["crash"]:
+            raise RuntimeError("injected: a bug in the step")
+        if FAULT["hang"]:
+            time.sleep(10**9)  # a step that never ends
+
+
+def build() -> tuple[Any, Any, Any, Any]:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential(
+        [
+            keras.Input((784,)),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(512, activation="relu"),
+            keras.layers.Dense(10),
+        ]
+    )
+    optimizer = keras.optimizers.Adam(1e-3)
+    x = tf.random.stateless_normal((8192, 784), seed=(1, 2))
+    y = tf.random.stateless_uniform((8192,), (3, 4), maxval=10, dtype=tf.int64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(128)
+    return tf, model, optimizer, data
+
+
+def train_step(tf: Any, model: Any, optimizer: Any) -> Any:
+    import keras
+
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def step(x: Any, y: Any) -> Any:
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True))
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return {"loss": loss}
+
+    return step
+
+
+def run_asv(args: argparse.Namespace, faults: Faults) -> int:
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    tf, model, optimizer, data = build()
+    step = train_step(tf, model, optimizer)
+
+    def faulty_step(x: Any, y: Any) -> Any:
+        faults()
+        return step(x, y)
+
+    async def main() -> None:
+        sv = asv.Supervisor(
+            os.path.join(args.workdir, "logdir"),
+            checkpoint={"model": model, "optimizer": optimizer},
+            global_step=optimizer.iterations,
+            save_model_secs=0,
+            save_model_steps=args.save_steps,
+            save_summaries_secs=0,
+            max_to_keep=3,
+            stop_grace_secs=2,
+            heartbeat_secs=0.5,
+            hooks=[StopAtStepHook(last_step=args.steps)],
+        )
+        async with sv.session() as sess:
+            await sess.train(faulty_step, data)
+        if sess.global_step >= args.steps:
+            open(os.path.join(args.workdir, "done"), "w").close()
+
+    return asv.run(main)
+
+
+def run_loop(args: argparse.Namespace, faults: Faults) -> int:
+    tf, model, optimizer, data = build()
+    step = train_step(tf, model, optimizer)
+    checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
+    manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.workdir, "logdir"), 3)
+    checkpoint.restore(manager.latest_checkpoint)
+    done = int(optimizer.iterations.numpy())
+    for x, y in data:
+        if done >= args.steps:
+            break
+        faults()
+        step(x, y)
+        done += 1
+        if done % args.save_steps == 0:
+            manager.save(checkpoint_number=done)
+    open(os.path.join(args.workdir, "done"), "w").close()
+    return 0
+
+
+def run_fit(args: argparse.Namespace, faults: Faults) -> int:
+    import keras
+
+    _, model, optimizer, data = build()
+    model.compile(
+        optimizer=optimizer,
+        loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+    )
+
+    class Inject(keras.callbacks.Callback):
+        def on_train_batch_begin(self, batch: int, logs: Any = None) -> None:
+            faults()
+
+    backup = keras.callbacks.BackupAndRestore(
+        os.path.join(args.workdir, "backup"), save_freq=args.save_steps
+    )
+    epochs = -(-args.steps // args.steps_per_epoch)
+    model.fit(
+        data,
+        epochs=epochs,
+        steps_per_epoch=args.steps_per_epoch,
+        callbacks=[backup, Inject()],
+        verbose=0,
+    )
+    open(os.path.join(args.workdir, "done"), "w").close()
+    return 0
+
+
+if __name__ == "__main__":
+    arguments = parse()
+    injector = Faults(arguments.workdir, arguments.save_steps)
+    runner = {"asv": run_asv, "loop": run_loop, "fit": run_fit}[arguments.system]
+    status = runner(arguments, injector)
+    import gc
+
+    gc.freeze()  # a quick exit (the examples do the same)
+    sys.exit(status)

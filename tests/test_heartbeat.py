@@ -1,0 +1,215 @@
+"""The heartbeat and the ledger: a session seen from outside its process.
+
+A sampler thread reads the heartbeat file as another process would while the session
+blocks its own event loop, and while one step never ends: both must show as stale.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import anyio
+import pytest
+
+import asupervisor as asv
+from asupervisor import _heartbeat, _ledger
+from asupervisor._heartbeat import Beat, Verdict, judge
+from asupervisor._stopping import Phase
+from asupervisor._store import Store
+from asupervisor.cli import main
+from tests.conftest import Pair, named, pair_supervisor
+
+
+class Sampler:
+    """Reads a heartbeat file every 20 ms from a thread of its own, judging each beat."""
+
+    def __init__(self, path: str, max_age: float) -> None:
+        self.path, self.max_age = path, max_age
+        self.verdicts: list[Verdict] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.02):
+            beat = _heartbeat.read(self.path)
+            if beat is not None:
+                self.verdicts.append(judge(beat, time.time(), self.max_age, 60.0))
+
+    @property
+    def stale(self) -> list[str]:
+        return [v.why for v in self.verdicts if v.stale]
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+@pytest.fixture
+def beat_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    path = str(tmp_path / "beat.json")
+    monkeypatch.setenv(_heartbeat.ENV_FILE, path)
+    monkeypatch.setenv(_heartbeat.ENV_ATTEMPT, "3")
+    yield path
+
+
+@pytest.mark.asyncio
+async def test_a_blocked_loop_and_a_step_that_does_not_end_both_make_the_beat_stale(
+    logdir: str, pair: Pair, beat_file: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    sv = pair_supervisor(logdir, pair, heartbeat_secs=0.05)
+    async with sv.session() as sess:
+        for _ in range(3):
+            await sess.run(pair.step)
+        await anyio.sleep(0.2)
+        beat = _heartbeat.read(beat_file)
+        assert beat is not None and beat == _heartbeat.read(os.path.join(logdir, _heartbeat.NAME))
+        assert (beat.phase, beat.step, beat.first_step_done, beat.chief) == (
+            Phase.RUNNING,
+            3,
+            True,
+            True,
+        )
+        assert beat.last_commit_step == 2 and beat.busy_since is None
+        assert not judge(beat, time.time(), 0.3, 60).stale
+
+        with Sampler(beat_file, max_age=0.3) as blocked:
+            time.sleep(0.8)  # blocks the event loop: no beat is written meanwhile
+        assert any("event loop is blocked" in why for why in blocked.stale), blocked.verdicts
+
+        await anyio.sleep(0.2)
+        with Sampler(beat_file, max_age=0.3) as busy:
+            await sess.run(time.sleep, 0.8)  # one step that takes too long; the loop is free
+        assert any("sleep has run for" in why for why in busy.stale), busy.verdicts
+        assert not any("event loop" in why for why in busy.stale)
+
+    final = _heartbeat.read(beat_file)
+    assert final is not None
+    assert (final.phase, final.outcome, final.exit_status) == (Phase.CLOSED, asv.Outcome.DONE, 0)
+    assert not judge(final, time.time() + 3600, 0.3, 60).stale  # ended: not judged
+
+    with pytest.raises(RuntimeError, match="broken"):
+        async with pair_supervisor(logdir, pair, heartbeat_secs=0.05).session() as sess:
+            await sess.run(pair.step)
+            sess.request_stop(RuntimeError("broken"))
+    # The ledger: two sessions, the second restored from the first one's last step.
+    first, second = _ledger.sessions(_ledger.read(Store(logdir)))
+    assert (first.source, first.restored_step, first.step) == ("fresh", 0, 4)
+    assert (first.outcome, first.exit_status, first.attempt) == ("done", 0, 3)
+    assert (second.source, second.restored_step, second.pid) == ("checkpoint", 4, os.getpid())
+    assert (second.outcome, second.exit_status) == ("failed", 1)
+    assert second.error is not None and "broken" in second.error
+    capsys.readouterr()
+    assert main(["inspect", logdir, "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"sessions (2, from {_ledger.NAME}):" in out
+    assert "failed" in out and "RuntimeError: broken" in out
+    assert "heartbeat: session ended (failed, exit status 1) at step 5" in out
+
+
+@pytest.mark.asyncio
+async def test_a_killed_session_has_no_end_line_and_inspect_says_so(
+    logdir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    os.makedirs(logdir)
+    record = {"event": "start", "session": "abc", "host": "h", "pid": 7, "source": "fresh"}
+    _ledger.append(Store(logdir), {**record, "restored_step": 0, "started": "t0"})
+    with open(os.path.join(logdir, _ledger.NAME), "ab") as f:
+        f.write(b'{"event": "end", "sess')  # a line cut by a full disk is skipped
+    (entry,) = _ledger.sessions(_ledger.read(Store(logdir)))
+    assert entry.ended is None
+    assert "no end recorded" in "\n".join(_ledger.render([entry], str))
+
+
+@pytest.mark.asyncio
+async def test_a_non_chief_beats_into_its_own_file_only(
+    logdir: str, beat_file: str, events: list[dict[str, Any]]
+) -> None:
+    chief_pair, worker_pair = Pair(), Pair()
+    async with pair_supervisor(logdir, chief_pair).session() as sess:
+        await sess.run(chief_pair.step)
+    before = sorted(os.listdir(logdir))
+    worker = pair_supervisor(logdir, worker_pair, is_chief=False, heartbeat_secs=0.05)
+    async with worker.session(wait_for_checkpoint=True, max_wait_secs=5) as sess:
+        await sess.run(worker_pair.step)
+        await anyio.sleep(0.15)
+        beat = _heartbeat.read(beat_file)
+        assert beat is not None and not beat.chief and beat.restored_step == 1
+    assert sorted(os.listdir(logdir)) == before  # the chief's beat and ledger, untouched
+    assert not named(events, "heartbeat.failed")
+
+
+def beat(**changes: Any) -> Beat:
+    now = time.time()
+    fields: dict[str, Any] = {
+        "pid": 1,
+        "host": "h",
+        "session": "s",
+        "chief": True,
+        "worker": None,
+        "phase": Phase.RUNNING,
+        "first_step_done": True,
+        "step": 10,
+        "restored_step": 0,
+        "interval_secs": 1.0,
+        "started_at": now - 100,
+        "written_at": now,
+        "busy_since": None,
+        "job": None,
+        "last_step_at": now,
+        "last_commit_step": 5,
+        "last_commit_at": now - 1,
+    }
+    fields.update(changes)
+    return Beat(**fields)
+
+
+def test_start_up_and_the_final_save_get_the_longer_deadline() -> None:
+    now = time.time()
+    slow_restore = beat(phase=Phase.STARTING, first_step_done=False, busy_since=now - 50)
+    assert not judge(slow_restore, now, 10, 60).stale
+    assert judge(slow_restore, now, 10, 40).stale
+    first_step = beat(busy_since=now - 50, first_step_done=False, job="train_step")
+    assert not judge(first_step, now, 10, 60).stale  # tracing the first step
+    assert judge(beat(busy_since=now - 50, job="train_step"), now, 10, 60).stale
+    assert not judge(beat(phase=Phase.FINISHING, busy_since=now - 50), now, 10, 60).stale
+    # The loop answers within max_age in every phase: start-up runs on the training thread.
+    blocked_at_start = beat(phase=Phase.STARTING, first_step_done=False, written_at=now - 20)
+    assert "event loop is blocked" in judge(blocked_at_start, now, 10, 60).why
+    # A deadline shorter than the beats' own interval would call every run stale.
+    assert not judge(beat(interval_secs=5.0, written_at=now - 12), now, 2, 60).stale
+    assert judge(None, now, 10, 60) == Verdict(False, "no heartbeat", 60)
+
+
+def test_a_file_that_is_not_a_beat_is_refused(tmp_path: Path) -> None:
+    path = tmp_path / "beat.json"
+    for text in (
+        "",
+        "[]",
+        json.dumps({"version": 1}),
+        json.dumps({**beat().as_dict(), "phase": 1}),
+    ):
+        path.write_text(text)
+        with pytest.raises(ValueError, match="heartbeat"):
+            _heartbeat.read(str(path))
+    written = beat()
+    path.write_bytes(written.to_json())
+    assert _heartbeat.read(str(path)) == written
+    os.remove(path)
+    os.mkfifo(path)  # never opened for reading as a beat (it would block)
+    with pytest.raises(OSError):
+        _heartbeat.read(str(path))
+
+
+def test_heartbeat_secs_is_checked(logdir: str) -> None:
+    with pytest.raises(ValueError, match="heartbeat_secs"):
+        asv.Supervisor(logdir, heartbeat_secs=-1)

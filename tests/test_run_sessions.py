@@ -1,0 +1,237 @@
+"""`asupervisor run` over real training sessions: a hung step and a blocked event loop are
+killed after the deadline and restarted (from a warm standby), SIGTERM to the supervisor
+ends both with the preempted status, and a two-worker job where one worker is SIGKILLed
+restarts both from one checkpoint."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+
+import pytest
+import tensorflow as tf
+
+from asupervisor import _ledger
+from asupervisor._store import Store
+from asupervisor.cli import main
+
+ROOT = Path(__file__).parents[1]
+
+pytestmark = pytest.mark.slow
+
+
+class Supervised:
+    """`asupervisor run` in a subprocess; the children's stdout (inherited) collected."""
+
+    def __init__(self, *args: str) -> None:
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "asupervisor", "run", *args],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.lines: list[str] = []
+        self.errors: list[str] = []
+        self._changed = threading.Condition()
+        threading.Thread(
+            target=self._read, args=(self.proc.stdout, self.lines), daemon=True
+        ).start()
+        threading.Thread(
+            target=self._read, args=(self.proc.stderr, self.errors), daemon=True
+        ).start()
+
+    def _read(self, stream: object, into: list[str]) -> None:
+        for line in stream:  # type: ignore[attr-defined]
+            with self._changed:
+                into.append(line.rstrip())
+                self._changed.notify_all()
+
+    def wait_for(self, pattern: str, timeout: float = 180) -> re.Match[str]:
+        wanted = re.compile(pattern)
+        deadline = time.monotonic() + timeout
+        with self._changed:
+            while True:
+                for line in self.lines:
+                    if found := wanted.search(line):
+                        return found
+                if time.monotonic() > deadline or self.proc.poll() is not None:
+                    raise AssertionError(f"no line matches {pattern!r}:\n{self.output}")
+                self._changed.wait(0.5)
+
+    def finish(self, timeout: float = 180) -> int:
+        code = self.proc.wait(timeout)
+        time.sleep(0.2)  # the readers take the last lines
+        return code
+
+    @property
+    def output(self) -> str:
+        return "\n".join(self.lines[-40:]) + "\n" + "\n".join(self.errors[-60:])
+
+
+def matches(lines: list[str], pattern: str) -> list[re.Match[str]]:
+    return [m for line in lines if (m := re.match(pattern, line))]
+
+
+HANGS = """
+    import sys
+    WARM = "tensorflow" in sys.modules  # a warm standby imported it before this script ran
+    import os, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    v = tf.Variable(0.0)
+
+    async def main() -> None:
+        sv = asv.Supervisor(logdir, checkpoint={"v": v}, save_model_secs=0, save_model_steps=5,
+                            save_summaries_secs=0, heartbeat_secs=0.2, stop_grace_secs=1)
+        async with sv.session() as sess:
+            restored = sess.restore_report.step
+            print(f"attempt {attempt} warm {WARM} restored {restored}", flush=True)
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                if attempt == 1 and sess.global_step == 8:
+                    await sess.run(time.sleep, 3600)  # a step that never ends
+                if attempt == 2 and sess.global_step == restored + 8:
+                    time.sleep(3600)  # blocks the event loop
+                if attempt == 3 and sess.global_step == restored + 20:
+                    print("trained", flush=True)
+                await anyio.sleep(0.005)
+        print(f"stopped {sess.global_step} {sess.stop_reason}", flush=True)
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_hung_children_are_killed_and_restarted_and_sigterm_ends_both_preempted(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = tmp_path / "run"
+    script = tmp_path / "hangs.py"
+    script.write_text(textwrap.dedent(HANGS))
+    run = Supervised(
+        "--logdir",
+        str(logdir),
+        "--stuck-after",
+        "4",
+        "--startup-timeout",
+        "120",
+        "--grace",
+        "6",
+        "--standby",
+        "--",
+        sys.executable,
+        str(script),
+        str(logdir),
+    )
+    try:
+        run.wait_for(r"^trained")
+        # Alive from outside while it trains; the ledger shows its three sessions.
+        assert main(["health", str(logdir), "--max-age", "60"]) == 0
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.finish()
+    finally:
+        run.proc.kill()
+    assert code == 42, run.output  # the child's 42, passed on: preempted, not done
+    starts = matches(run.lines, r"attempt (\d) warm (\w+) restored (\d+)")
+    assert [(m[1], m[3]) for m in starts] == [("1", "0"), ("2", "5"), ("3", "10")], run.output
+    assert [m[2] for m in starts[1:]] == ["True", "True"]  # both restarts ran in a standby
+    stuck = [line for line in run.errors if "child.stuck" in line]
+    assert "v.assign_add" not in stuck[0] and "has run for" in stuck[0], stuck  # the hung step
+    assert "event loop is blocked" in stuck[1], stuck
+    (final,) = [line for line in run.lines if line.startswith("stopped")]
+    step, reason = final.split()[1:]
+    assert reason == "signal"
+    assert tf.train.latest_checkpoint(str(logdir)).endswith(f"model.ckpt-{step}")  # saved
+
+    first, second, third = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    assert (first.restored_step, first.outcome, first.exit_status) == (0, "stuck", 124)
+    assert (second.restored_step, second.ended) == (5, None)  # SIGKILLed: no end line
+    assert (third.restored_step, third.outcome, third.exit_status) == (10, "preempted", 42)
+    assert (third.step, [s.attempt for s in (first, second, third)]) == (int(step), [1, 2, 3])
+    capsys.readouterr()
+    assert main(["inspect", str(logdir), "--no-verify"]) == 0
+    shown = capsys.readouterr().out
+    assert "sessions (3, from" in shown and "no end recorded" in shown
+
+
+MULTIWORKER = """
+    import os, sys
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():  # MEAN: each update is an all-reduce, so the workers go in lockstep
+        w = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
+
+    @tf.function
+    def step():
+        strategy.run(lambda: w.assign_add(1.0))
+
+    attempt = os.environ["ASUPERVISOR_ATTEMPT"]
+
+    async def main() -> None:
+        sv = asv.Supervisor(
+            sys.argv[1], checkpoint={"w": w}, strategy=strategy, is_chief=None,
+            save_model_secs=0, save_model_steps=10, save_summaries_secs=0, heartbeat_secs=0.2,
+            hooks=[StopAtStepHook(num_steps=30)] if attempt != "1" else [], stop_grace_secs=5,
+        )
+        async with sv.session() as sess:
+            print(f"attempt {attempt} worker {sv.role.rank} pid {os.getpid()} restored "
+                  f"{sess.restore_report.step} w {float(w.numpy()):.0f}", flush=True)
+            while not sess.should_stop():
+                await sess.run(step)
+        print(f"worker {sv.role.rank} stopped {sess.global_step} {sess.stop_reason}", flush=True)
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path) -> None:
+    logdir = tmp_path / "run"
+    script = tmp_path / "mw.py"
+    script.write_text(textwrap.dedent(MULTIWORKER))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    os.environ["TMPDIR"] = str(scratch)  # where the non-chief's scratch saves go
+    try:
+        run = Supervised(
+            "--workers",
+            "2",
+            "--logdir",
+            str(logdir),
+            "--",
+            sys.executable,
+            str(script),
+            str(logdir),
+        )
+    finally:
+        del os.environ["TMPDIR"]
+    try:
+        victim = int(run.wait_for(r"^attempt 1 worker 1 pid (\d+)")[1])
+        deadline = time.monotonic() + 120
+        while not (logdir / "model.ckpt-20.index").exists():  # read the disk, not log lines
+            assert time.monotonic() < deadline and run.proc.poll() is None, run.output
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGKILL)
+        code = run.finish()
+    finally:
+        run.proc.kill()
+    assert code == 0, run.output
+    assert any("worker=1 status='137 (SIGKILL)'" in line for line in run.errors), run.output
+    again = matches(run.lines, r"attempt 2 worker (\d) .* restored (\d+) w (\d+)")
+    assert sorted(m[1] for m in again) == ["0", "1"], run.output
+    (restored,) = {(m[2], m[3]) for m in again}  # both from one checkpoint, its values too
+    assert restored[0] == restored[1] and int(restored[0]) >= 20
+    stops = {line for line in run.lines if "stopped" in line}
+    assert stops == {f"worker {r} stopped {int(restored[0]) + 30} step_limit" for r in (0, 1)}
