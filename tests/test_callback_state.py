@@ -17,6 +17,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from tests import forked
 
 PLATEAU = textwrap.dedent(
     """
@@ -67,7 +68,7 @@ def test_early_stopping_and_lr_on_plateau_keep_their_count_through_a_sigkill(
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
     def run(logdir: Path, kill_after: int | None = None) -> str:
-        proc = subprocess.Popen(
+        proc = forked.Popen(
             [sys.executable, "-c", PLATEAU, str(logdir)], stdout=subprocess.PIPE, text=True,
             env=env,
         )  # fmt: skip

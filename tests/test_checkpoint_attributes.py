@@ -15,6 +15,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from tests import forked
 
 pytestmark = pytest.mark.asyncio
 
@@ -126,7 +127,7 @@ def test_the_guides_iterator_per_epoch_loop_resumes_at_the_batch_it_was_killed_n
     logdir = str(tmp_path / "run")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     args = [sys.executable, "-c", GUIDE_LOOP, logdir]
-    run = subprocess.Popen([*args, "1000"], stdout=subprocess.PIPE, text=True, env=env)
+    run = forked.Popen([*args, "1000"], stdout=subprocess.PIPE, text=True, env=env)
     assert run.stdout is not None
     for line in run.stdout:
         if line.startswith("batch 1 15"):  # inside the second epoch
@@ -137,7 +138,7 @@ def test_the_guides_iterator_per_epoch_loop_resumes_at_the_batch_it_was_killed_n
     restored = int(latest.rsplit("-", 1)[1])
     assert 47 < restored <= 47 + 16, latest
 
-    again = subprocess.run([*args, "2"], capture_output=True, text=True, env=env, timeout=300)
+    again = forked.run([*args, "2"], capture_output=True, text=True, env=env, timeout=300)
     assert again.returncode == 0, again.stdout[-2000:] + again.stderr[-2000:]
     assert f"resumed at {restored}" in again.stdout
     batches = [tuple(map(int, b)) for b in re.findall(r"batch (\d+) (\d+)", again.stdout)]

@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from tests import forked
 from tests.conftest import Pair, named, pair_supervisor
 
 pytestmark = pytest.mark.asyncio
@@ -148,7 +149,7 @@ async def test_a_second_live_chief_is_refused(logdir: str) -> None:
 @pytest.mark.slow
 async def test_a_lock_left_by_a_killed_process_does_not_block(logdir: str) -> None:
     os.makedirs(logdir)
-    holder = subprocess.Popen(
+    holder = forked.Popen(
         [
             sys.executable,
             "-c",

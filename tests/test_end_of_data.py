@@ -14,6 +14,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from tests import forked
 from tests.conftest import Pair
 
 pytestmark = pytest.mark.anyio
@@ -141,7 +142,7 @@ FULL_DISK = textwrap.dedent(
 def run_full_disk(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
     script = tmp_path / "full_disk.py"
     script.write_text(FULL_DISK)
-    return subprocess.run(
+    return forked.run(
         [sys.executable, str(script), mode, str(tmp_path / "run")],
         capture_output=True,
         text=True,

@@ -12,6 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from tests import forked
 
 
 def make(logdir: str, **objects: Any) -> asv.Supervisor:
@@ -191,8 +192,8 @@ def test_train_with_epochs_killed_mid_epoch_resumes_at_the_same_batch(tmp_path: 
     logdir = str(tmp_path / "run")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
 
-    def start(epochs: int) -> subprocess.Popen[str]:
-        return subprocess.Popen(
+    def start(epochs: int) -> forked.Popen:
+        return forked.Popen(
             [sys.executable, "-c", EPOCH_TRAINER, logdir, str(epochs)],
             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
         )  # fmt: skip

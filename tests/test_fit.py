@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
+from tests import forked
+
 EXAMPLE = Path(__file__).parents[1] / "examples" / "fit.py"
 STARTING = re.compile(r"(\d+) batches per epoch; starting at epoch (\d+) batch (\d+) \(step (\d+)")
 STOPPED = re.compile(r"stopped at step (\d+) \((\w+)\), epoch (\d+) batch (\d+)")
@@ -24,7 +26,7 @@ pytestmark = pytest.mark.slow
 
 class Run:
     def __init__(self, logdir: Path, *args: str) -> None:
-        self.proc = subprocess.Popen(
+        self.proc = forked.Popen(
             [sys.executable, str(EXAMPLE), "--logdir", str(logdir), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,

@@ -19,6 +19,7 @@ import asupervisor as asv
 from asupervisor._leases import hold, let_go
 from asupervisor._records import read_records
 from asupervisor._store import Store
+from tests import forked
 from tests.conftest import Pair
 
 
@@ -138,7 +139,7 @@ def test_the_true_best_survives_a_sigkill_and_a_resume(tmp_path: Path) -> None:
     logdir = str(tmp_path / "run")
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     args = [sys.executable, "-c", KILLED_FIT, logdir]
-    first = subprocess.Popen([*args, "1"], stdout=subprocess.PIPE, text=True, env=env)
+    first = forked.Popen([*args, "1"], stdout=subprocess.PIPE, text=True, env=env)
     assert first.stdout is not None
     seen: list[str] = []
     for line in first.stdout:
@@ -147,7 +148,7 @@ def test_the_true_best_survives_a_sigkill_and_a_resume(tmp_path: Path) -> None:
             first.kill()  # in the middle of epoch 6, after 6 epoch ends
             break
     first.wait(60)
-    second = subprocess.run([*args, "2"], capture_output=True, text=True, env=env, timeout=300)
+    second = forked.run([*args, "2"], capture_output=True, text=True, env=env, timeout=300)
     assert second.returncode == 0, second.stderr[-3000:]
     seen += second.stdout.splitlines()
     vals = [float(v) for v in re.findall(r"val_loss ([\d.]+)", "".join(seen))]

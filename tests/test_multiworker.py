@@ -17,6 +17,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 from examples.multiworker import local_tf_configs
+from tests import forked
 
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "multiworker.py"
@@ -35,7 +36,7 @@ class Worker:
             "TF_CONFIG": tf_config,
             "TMPDIR": str(tmp),  # where a non-chief's scratch saves go
         }
-        self.proc = subprocess.Popen(
+        self.proc = forked.Popen(
             [sys.executable, str(EXAMPLE), "--logdir", str(logdir), *args],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -259,7 +260,7 @@ def test_fit_in_a_multi_worker_job_is_refused_before_any_batch(
     # a PerReplica conversion error deep in the first batch): say so at the call instead.
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch)}
     job = [
-        subprocess.Popen(
+        forked.Popen(
             [sys.executable, "-c", FIT_IN_A_JOB, str(tmp_path / "run")],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -324,7 +325,7 @@ def test_an_agreed_stop_with_any_reason_is_taken_by_steps_that_advance_by_two(
     logdir = tmp_path / "run"
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch)}
     job = [
-        subprocess.Popen(
+        forked.Popen(
             [sys.executable, "-c", STEP_BY_TWO, str(logdir)],
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -392,8 +393,8 @@ def test_a_proposal_waiting_for_a_worker_that_dies_fails_once_the_service_sees_i
     assert "heartbeat" in output  # the coordination service's own words, passed on
 
 
-def Popen(script: str, env: dict[str, str]) -> subprocess.Popen[str]:
-    return subprocess.Popen(
+def Popen(script: str, env: dict[str, str]) -> forked.Popen:
+    return forked.Popen(
         [sys.executable, "-c", script],
         stdout=subprocess.PIPE,
         stderr=subprocess.DEVNULL,

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
@@ -12,6 +11,7 @@ import pytest
 import tensorflow as tf
 
 from asupervisor._checkpoints import verify_checkpoint
+from tests import forked
 
 # RLIMIT_FSIZE makes every write past 64 KiB fail with EFBIG, as a full disk fails
 # with ENOSPC; SIGXFSZ is ignored so that the write fails instead of killing us.
@@ -44,7 +44,7 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_ends_the_run(tmp_path: P
     logdir = tmp_path / "run"
     script = tmp_path / "full_disk.py"
     script.write_text(FULL_DISK_RUN)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, str(script), str(logdir)],
         capture_output=True,
         text=True,

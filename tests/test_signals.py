@@ -17,6 +17,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor._checkpoints import verify_checkpoint
+from tests import forked
 from tests.conftest import Pair, named, pair_supervisor
 from tests.faults.harness import Trainer
 
@@ -133,7 +134,7 @@ def test_ctrl_c_with_the_output_piped_away_still_saves(tmp_path: Path, backend: 
     script, logdir = tmp_path / "piped.py", tmp_path / "run"
     script.write_text(PIPED_RUN)
     with open(tmp_path / "stderr", "w") as err:
-        proc = subprocess.Popen(
+        proc = forked.Popen(
             [sys.executable, str(script), str(logdir), backend],
             stdout=subprocess.PIPE,
             stderr=err,

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import sys
 import textwrap
 import threading
@@ -22,6 +21,7 @@ import tensorflow as tf
 
 import asupervisor as asv
 from asupervisor.hooks import StopAtStepHook
+from tests import forked
 from tests.conftest import Pair, named
 
 pytestmark = pytest.mark.anyio
@@ -285,7 +285,7 @@ def test_a_failed_lock_write_leaves_nothing_held(tmp_path: Path) -> None:
         print("taken")
         """
     )
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-c", script, str(tmp_path)], capture_output=True, text=True, timeout=60
     )
     assert done.stdout.split() == ["failed", "27", "taken"], done.stderr  # 27: EFBIG

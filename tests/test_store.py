@@ -19,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from tests import forked
 from tests.conftest import Pair, named, pair_supervisor
 from tests.gcs_fixture import FakeGcs
 
@@ -320,7 +321,7 @@ anyio.run(main)
 def test_non_chiefs_starting_while_the_chief_sweeps_every_step_never_fail(logdir: str) -> None:
     """The chief saves at every step with max_to_keep=1, so what a non-chief chose is
     often deleted before it is read: it chooses again instead of failing."""
-    chief = subprocess.Popen(
+    chief = forked.Popen(
         [sys.executable, "-c", CHIEF_SAVING_EVERY_STEP, logdir],
         env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
         stdout=subprocess.DEVNULL,

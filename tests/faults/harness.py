@@ -14,6 +14,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tests import forked
+
 TRAINER = Path(__file__).with_name("trainer.py")
 ROOT = TRAINER.parents[2]
 
@@ -23,7 +25,7 @@ class Trainer:
 
     def __init__(self, logdir: str, *args: str) -> None:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
+        self.proc = forked.Popen(
             [sys.executable, str(TRAINER), logdir, *args],
             stdin=subprocess.PIPE,  # --wait-for-go reads "go" there
             stdout=subprocess.PIPE,

@@ -1,0 +1,244 @@
+"""``Popen`` and ``run`` for ``python SCRIPT ARGS`` / ``python -c CODE ARGS``, forked from a
+server that has TensorFlow imported already (``tests/forkserver.py``).
+
+Drop-in for the ``subprocess`` calls of tests whose child trains: the same arguments
+(``stdin``/``stdout``/``stderr`` as PIPE, STDOUT, DEVNULL, a file or None; ``text``,
+``env``, ``cwd``, ``capture_output``, ``timeout``), the same object back (``pid``,
+``wait``, ``poll``, ``returncode``, ``send_signal``, ``kill``, ``terminate``,
+``communicate``). The child is a real process, killed for real; it does not import
+TensorFlow again. Tests of a cold start (the demo, the README, installs, logging set-up,
+the command line) keep ``subprocess``.
+"""
+
+from __future__ import annotations
+
+import array
+import atexit
+import json
+import os
+import select
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import IO, Any
+
+SERVER = Path(__file__).with_name("forkserver.py")
+ROOT = SERVER.parents[1]
+PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+
+
+class _Server:
+    """One fork server per test process, started at first use, ended with the process."""
+
+    _lock = threading.Lock()
+    _instance: _Server | None = None
+
+    def __init__(self) -> None:
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+        self.proc = subprocess.Popen(
+            [sys.executable, str(SERVER), str(theirs.fileno())],
+            pass_fds=[theirs.fileno()],
+            stdin=subprocess.DEVNULL,
+            env=env,
+        )
+        theirs.close()
+        self.sock = ours
+        self.requests = threading.Lock()
+        reply = self._reply(timeout=300)
+        assert reply.get("ready"), reply
+        atexit.register(self.close)
+
+    def close(self) -> None:
+        """End the server (it kills the children it still has) and wait for it."""
+        self.sock.close()
+        try:
+            self.proc.wait(30)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            self.proc.wait()
+
+    @classmethod
+    def get(cls) -> _Server:
+        with cls._lock:
+            if cls._instance is None or cls._instance.proc.poll() is not None:
+                cls._instance = cls()
+            return cls._instance
+
+    def _reply(self, timeout: float) -> dict[str, Any]:
+        ready, _, _ = select.select([self.sock], [], [], timeout)
+        if not ready:
+            raise TimeoutError("the fork server did not answer")
+        data = self.sock.recv(1 << 16)
+        if not data:
+            raise RuntimeError(f"the fork server ended (status {self.proc.poll()})")
+        return json.loads(data)
+
+    def fork(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]) -> int:
+        message = json.dumps({"argv": argv, "cwd": cwd, "env": env}).encode()
+        rights = [(socket.SOL_SOCKET, socket.SCM_RIGHTS, array.array("i", fds).tobytes())]
+        with self.requests:
+            self.sock.sendmsg([message], rights)
+            return int(self._reply(timeout=60)["pid"])
+
+
+def _script_argv(args: list[str]) -> list[str]:
+    if not args or args[0] != sys.executable:
+        raise ValueError(f"forked.Popen runs `{sys.executable} SCRIPT|-c CODE ...`, not {args}")
+    return [str(a) for a in args[1:]]
+
+
+def _end(spec: Any, inherited: int) -> tuple[int, int | None]:
+    """The child's end of one standard stream, and ours (a pipe's other end) if any."""
+    for_reading = inherited == 0
+    if spec is None:
+        return os.dup(inherited), None
+    if spec == DEVNULL:
+        return os.open(os.devnull, os.O_RDONLY if for_reading else os.O_WRONLY), None
+    if spec == PIPE:
+        r, w = os.pipe()
+        return (r, w) if for_reading else (w, r)
+    fileno = spec if isinstance(spec, int) else spec.fileno()
+    return os.dup(fileno), None
+
+
+class Popen:
+    def __init__(
+        self,
+        args: list[str],
+        *,
+        stdin: Any = None,
+        stdout: Any = None,
+        stderr: Any = None,
+        text: bool = False,
+        env: dict[str, str] | None = None,
+        cwd: str | os.PathLike[str] | None = None,
+    ) -> None:
+        self.args = args
+        self.returncode: int | None = None
+        ends: list[int] = []
+        ours: list[Any] = []
+        for spec, inherited in ((stdin, 0), (stdout, 1), (stderr, 2)):
+            if spec == STDOUT:
+                child_end, our_end = os.dup(ends[1]), None
+            else:
+                child_end, our_end = _end(spec, inherited)
+            ends.append(child_end)
+            ours.append(our_end)
+        self._status_r, status_w = os.pipe()
+        ends.append(status_w)
+        environment = dict(os.environ if env is None else env)
+        environment.setdefault("PYTHONPATH", str(ROOT))
+        try:
+            self.pid = _Server.get().fork(
+                _script_argv(list(args)), str(cwd or os.getcwd()), environment, ends
+            )
+        finally:
+            for fd in ends:
+                os.close(fd)
+        self.stdin = self._wrap(ours[0], "w", text)
+        self.stdout = self._wrap(ours[1], "r", text)
+        self.stderr = self._wrap(ours[2], "r", text)
+
+    @staticmethod
+    def _wrap(fd: Any, mode: str, text: bool) -> IO[Any] | None:
+        if fd is None:
+            return None
+        if text:
+            return open(fd, mode, buffering=1 if mode == "w" else -1, encoding="utf-8")
+        return open(fd, mode + "b")
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            ready, _, _ = select.select([self._status_r], [], [], 0)
+            if ready:
+                self._read_status()
+        return self.returncode
+
+    def _read_status(self) -> None:
+        data = os.read(self._status_r, 256)
+        os.close(self._status_r)
+        self.returncode = int(json.loads(data)["status"]) if data else -signal.SIGKILL
+
+    def wait(self, timeout: float | None = None) -> int:
+        if self.returncode is None:
+            ready, _, _ = select.select([self._status_r], [], [], timeout)
+            if not ready:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+            self._read_status()
+        assert self.returncode is not None
+        return self.returncode
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def communicate(self, input: Any = None, timeout: float | None = None) -> tuple[Any, Any]:
+        if self.stdin is not None:
+            if input:
+                self.stdin.write(input)
+            self.stdin.close()
+        results: dict[str, Any] = {}
+        threads = [
+            threading.Thread(target=lambda n=n, f=f: results.__setitem__(n, f.read()))
+            for n, f in (("out", self.stdout), ("err", self.stderr))
+            if f is not None
+        ]
+        for t in threads:
+            t.daemon = True
+            t.start()
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for t in threads:
+            t.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                raise subprocess.TimeoutExpired(self.args, timeout or 0)
+        self.wait(None if deadline is None else max(0.0, deadline - time.monotonic()))
+        return results.get("out"), results.get("err")
+
+    def __enter__(self) -> Popen:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        for f in (self.stdin, self.stdout, self.stderr):
+            if f is not None:
+                f.close()
+        self.wait()
+
+
+def run(
+    args: list[str],
+    *,
+    capture_output: bool = False,
+    timeout: float | None = None,
+    input: Any = None,
+    **kwargs: Any,
+) -> subprocess.CompletedProcess[Any]:
+    if capture_output:
+        kwargs.setdefault("stdout", PIPE)
+        kwargs.setdefault("stderr", PIPE)
+    if input is not None:
+        kwargs.setdefault("stdin", PIPE)
+    proc = Popen(args, **kwargs)
+    try:
+        out, err = proc.communicate(input, timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+        raise
+    return subprocess.CompletedProcess(args, proc.returncode, out, err)
+
+
+__all__ = ["DEVNULL", "PIPE", "STDOUT", "Popen", "run"]

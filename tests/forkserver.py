@@ -1,0 +1,160 @@
+"""A fork server for the suite's training processes (run by path, never imported).
+
+It imports TensorFlow, Keras and asupervisor once, then forks a process for each request
+that arrives on the socket it was given (file descriptor FD): the child takes the stdin,
+stdout and stderr sent with the request, the working directory, the environment and
+``sys.argv``, and runs the script (a path, or ``-c CODE``) as ``__main__``, then ends as
+any interpreter does (non-daemon threads joined, atexit run, an uncaught exception printed
+with status 1, an uncaught KeyboardInterrupt a death by SIGINT). The server sends each
+child's pid back, and its exit status (``subprocess``'s convention: minus the signal) down
+a pipe sent with the request.
+
+Why: each process of the suite otherwise pays ``import tensorflow`` again (seconds of one
+core), and most of the suite's CPU went there. The children are real processes, killed
+for real; what they skip is the import, which the library does not act in.
+
+The server is single-threaded (a fork copies only the forking thread) and ends when the
+socket closes, killing the children it still has.
+"""
+
+from __future__ import annotations
+
+import array
+import json
+import os
+import selectors
+import signal
+import socket
+import sys
+import types
+from dataclasses import dataclass
+
+MAX_FDS = 4  # stdin, stdout, stderr, the status pipe
+
+
+@dataclass
+class Request:
+    argv: list[str]
+    cwd: str
+    env: dict[str, str]
+    fds: list[int]
+
+
+def receive(sock: socket.socket) -> Request | None:
+    """One request: a JSON line and its file descriptors; None when the socket closed."""
+    fds = array.array("i")
+    data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * fds.itemsize))
+    if not data:
+        return None
+    for level, kind, payload in ancdata:
+        if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
+            fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
+    message = json.loads(data)
+    return Request(message["argv"], message["cwd"], message["env"], list(fds))
+
+
+def status_of(wait_status: int) -> int:
+    if os.WIFSIGNALED(wait_status):
+        return -os.WTERMSIG(wait_status)
+    return os.WEXITSTATUS(wait_status)
+
+
+def serve(sock: socket.socket) -> Request | None:
+    """Fork for each request; in a child, return its request; in the server, None at the end."""
+    children: dict[int, int] = {}  # pid -> the write end of its status pipe
+    selector = selectors.DefaultSelector()
+    selector.register(sock, selectors.EVENT_READ)
+    try:
+        while True:
+            for _ in selector.select(timeout=0.02):
+                request = receive(sock)
+                if request is None:
+                    return None
+                sys.stdout.flush()
+                sys.stderr.flush()
+                pid = os.fork()
+                if pid == 0:
+                    selector.close()
+                    sock.close()
+                    for fd in children.values():
+                        os.close(fd)
+                    return request
+                for fd in request.fds[:3]:
+                    os.close(fd)
+                children[pid] = request.fds[3]
+                sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+            reap(children)
+    finally:
+        if os.getpid() == SERVER_PID:
+            for pid in children:
+                try:
+                    os.kill(pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def reap(children: dict[int, int]) -> None:
+    while children:
+        try:
+            pid, wait_status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        fd = children.pop(pid, None)
+        if fd is not None:
+            try:
+                os.write(fd, json.dumps({"status": status_of(wait_status)}).encode())
+            except OSError:
+                pass
+            os.close(fd)
+
+
+def become(request: Request) -> None:
+    """Turn this forked child into ``python ARGV...``: its files, place, environment, argv."""
+    for target, fd in enumerate(request.fds[:3]):
+        os.dup2(fd, target)
+    for fd in request.fds:
+        os.close(fd)
+    os.chdir(request.cwd)
+    os.environ.clear()
+    os.environ.update(request.env)
+    # What the imports cached from the server's environment, read again from the child's.
+    import tempfile
+
+    tempfile.tempdir = None
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def run_main(argv: list[str]) -> None:
+    if argv[0] == "-c":
+        sys.argv = ["-c", *argv[2:]]
+        sys.path[0] = ""
+        main = types.ModuleType("__main__")
+        sys.modules["__main__"] = main
+        exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    else:
+        import runpy
+
+        sys.argv = list(argv)
+        sys.path[0] = os.path.dirname(os.path.abspath(argv[0]))
+        runpy.run_path(argv[0], run_name="__main__")
+
+
+SERVER_PID = os.getpid()
+
+if __name__ == "__main__":
+    channel = socket.socket(fileno=int(sys.argv[1]))
+    import keras  # noqa: F401
+    import numpy  # noqa: F401
+    import tensorflow  # noqa: F401
+
+    import asupervisor  # noqa: F401
+
+    channel.sendall(b'{"ready": true}\n')
+    child = serve(channel)
+    if child is None:
+        sys.exit(0)
+    become(child)
+    run_main(child.argv)
