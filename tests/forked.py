@@ -29,6 +29,7 @@ from typing import IO, Any
 SERVER = Path(__file__).with_name("forkserver.py")
 ROOT = SERVER.parents[1]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
+CompletedProcess = subprocess.CompletedProcess
 
 
 class _Server:
@@ -241,4 +242,4 @@ def run(
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-__all__ = ["DEVNULL", "PIPE", "STDOUT", "Popen", "run"]
+__all__ = ["DEVNULL", "PIPE", "STDOUT", "CompletedProcess", "Popen", "run"]

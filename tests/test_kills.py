@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.faults.harness import kill_trials
 
 SAVE_STEPS = 5
@@ -30,11 +32,8 @@ def test_repeated_sigkills_never_lose_more_than_a_save_interval(tmp_path: Path, 
 
 @pytest.mark.slow
 def test_the_fault_report_prints_its_table() -> None:
-    import subprocess
-    import sys
-
     script = Path(__file__).parent / "faults" / "run_report.py"
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, str(script), "--only", "SIGTERM"],
         capture_output=True,
         text=True,

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+
+from tests import forked
 
 pytestmark = pytest.mark.slow
 
@@ -41,10 +42,10 @@ RUN = textwrap.dedent(
 )
 
 
-def run(tmp_path: Path, mode: str) -> subprocess.CompletedProcess[str]:
+def run(tmp_path: Path, mode: str) -> forked.CompletedProcess[str]:
     script = tmp_path / "run.py"
     script.write_text(RUN)
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, str(script), mode, str(tmp_path / "run")],
         capture_output=True,
         text=True,

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from tests import forked
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -27,7 +28,7 @@ def test_the_readme_example_trains_checkpoints_and_resumes(tmp_path: Path) -> No
     script.write_text(example_source())
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3"}
     for _ in range(2):
-        done = subprocess.run(
+        done = forked.run(
             [sys.executable, str(script)],
             cwd=tmp_path,
             capture_output=True,
