@@ -24,8 +24,10 @@ up to 2x between runs minutes apart, so each run also measures its own training 
 (steps per second while its processes trained, recorded by the trainer), and "goodput,
 same run" is productive steps over (that speed x the wall time): the share of the wall
 time that went into steps that were kept. Productive steps are the
-target when the run finished; a run that never finishes (a hang nobody notices) is cut
-at ``--budget`` times its fault-free duration, and its productive steps are those of its
+target when the run finished. A run that takes no step for ``--stall-secs`` (a hang
+nobody notices) is cut then, and one still training is cut at ``--budget`` times its
+fault-free duration; either is charged that whole budget as its wall time (a person
+restarting it would come no earlier), and its productive steps are those of its
 newest checkpoint, from which a person restarting it would go on.
 """
 
@@ -63,6 +65,7 @@ class Result:
     hung_at: float | None = None  # when the hang came, if the run never got past it
     recoveries: list[tuple[str, float]] = field(default_factory=list)  # (fault, seconds)
     speed: float = 0.0  # steps per second while its processes trained (this run's machine)
+    stalled: bool = False  # cut because no step was taken for --stall-secs
 
     @property
     def rate(self) -> float:
@@ -141,6 +144,15 @@ def productive_steps(system: str, workdir: str, args: argparse.Namespace) -> int
     return 0 if latest is None else int(latest.rsplit("-", 1)[1])
 
 
+def last_progress(workdir: str, began: float) -> float:
+    """When a process of the run last recorded steps, in seconds since the run began (0
+    before any record: the start-up counts as progress until the stall limit)."""
+    newest = max((p.stat().st_mtime for p in Path(workdir).glob("steps-*")), default=None)
+    if newest is None:
+        return 0.0
+    return max(0.0, time.monotonic() - (time.time() - newest) - began)
+
+
 def training_speed(workdir: str) -> float:
     """Steps per second over the spans in which the run's processes trained (between the
     first and last record of each: start-up and the time after the last record excluded)."""
@@ -188,6 +200,7 @@ def run(
     pending = list(schedule)
     waiting: list[tuple[str, float, int]] = []  # faults whose recovery is not seen yet
     faulted: set[int] = set()
+    stalled = False
     try:
         while True:
             now = time.monotonic() - began
@@ -198,6 +211,9 @@ def run(
                 proc = start(cmd, log)
                 result.restarts += 1
             if now > budget:
+                break
+            if now - last_progress(workdir, began) > args.stall_secs:
+                stalled = True  # hung, and nobody comes: it would stay so
                 break
             current = trainer_pid(workdir)
             if current is not None:
@@ -215,7 +231,10 @@ def run(
                         result.hung_at = now
                     deliver(kind, pid, proc)
             time.sleep(0.05)
+        # A run cut by the budget or by a stall is charged the whole budget: a person
+        # restarting it would come no earlier.
         result.wall = time.monotonic() - began if result.finished else budget
+        result.stalled = stalled
         if result.finished:
             result.hung_at = None
         elif waiting and any(kind == "hang" for kind, _, _ in waiting):
@@ -267,8 +286,14 @@ def main() -> None:
     parser.add_argument(
         "--budget",
         type=float,
-        default=1.2,
+        default=3.0,
         help="a run that does not finish is cut at this times its fault-free time",
+    )
+    parser.add_argument(
+        "--stall-secs",
+        type=float,
+        default=60.0,
+        help="a run that takes no step for this long is cut, charged the whole budget",
     )
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--systems", default="asv,loop,fit")
@@ -317,7 +342,7 @@ def main() -> None:
         if f.finished:
             done = "yes"
         elif f.hung_at is not None:
-            done = f"**no**: hung at {f.hung_at:.0f} s, cut at {f.wall:.0f} s"
+            done = f"**no**: hung at {f.hung_at:.0f} s, charged {f.wall:.0f} s"
         else:
             done = f"**no**: not finished when cut at {f.wall:.0f} s"
         recoveries = ", ".join(f"{kind} {secs:.1f}" for kind, secs in f.recoveries)
