@@ -69,7 +69,7 @@ def render(name: str, results: Path = RESULTS) -> str:
     notes = [" ".join(head) + ":", ""]
     if data.get("faults"):
         notes += ["Faults: " + _cell([f"{kind} at {secs} s" for kind, secs in data["faults"]]), ""]
-    return "\n".join(notes) + _table(list(data.get("rows", [])))
+    return "\n".join(notes) + "\n" + _table(list(data.get("rows", [])))
 
 
 def on_page_markdown(markdown: str, **_: Any) -> str:
