@@ -24,6 +24,7 @@ import sys
 import textwrap
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -192,3 +193,35 @@ def test_python_blocks_run_and_commands_exist() -> None:
     assert done.returncode == 0, done.stderr[-4000:]
     failures = json.loads(done.stdout.strip().splitlines()[-1])
     assert not failures, "\n".join(failures)
+
+
+def load_hook() -> Any:
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("measured", ROOT / "docs/_hooks/measured.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_measured_tables_come_from_the_results_files(tmp_path: Path) -> None:
+    hook = load_hook()
+    missing = hook.render("step_overhead", tmp_path)
+    assert missing == "*Not measured yet: run `python benchmarks/step_overhead.py`.*"
+    (tmp_path / "step_overhead.json").write_text(
+        json.dumps(
+            {"command": "python benchmarks/step_overhead.py --rounds 3", "rows": [{"a": 1.5}]}
+        )
+    )
+    table = hook.render("step_overhead", tmp_path)
+    assert table.startswith("Measured by `python benchmarks/step_overhead.py --rounds 3`")
+    assert "| a |\n|---|\n| 1.5 |" in table
+
+
+def test_every_benchmark_has_its_table_in_the_docs() -> None:
+    text = "\n".join(page.read_text() for page in PAGES)
+    shown = set(re.findall(r"<!-- measured: ([\w-]+) -->", text))
+    scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")}
+    assert scripts - {"goodput_trainer"} <= shown, "a benchmark whose figures the docs do not show"
+    assert shown <= set(load_hook().COMMANDS)
