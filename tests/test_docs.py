@@ -216,7 +216,7 @@ def test_the_measured_tables_come_from_the_results_files(tmp_path: Path) -> None
     )
     table = hook.render("step_overhead", tmp_path)
     assert table.startswith("Measured by `python benchmarks/step_overhead.py --rounds 3`")
-    assert "| a |\n|---|\n| 1.5 |" in table
+    assert "| a |\n|---|\n| 1.50 |" in table
 
 
 def test_every_benchmark_has_its_table_in_the_docs() -> None:

@@ -35,8 +35,12 @@ COMMANDS = {
 
 
 def _cell(value: Any) -> str:
-    if isinstance(value, float):
-        return f"{value:.3g}" if abs(value) < 1000 else f"{value:.0f}"
+    if isinstance(value, float):  # fixed point, never an exponent
+        size = abs(value)
+        digits = (
+            0 if size >= 100 else 1 if size >= 10 else 2 if size >= 1 else 3 if size >= 0.01 else 4
+        )
+        return f"{value:.{digits}f}"
     if isinstance(value, (list, tuple)):
         return ", ".join(_cell(v) for v in value)
     if value is None:
