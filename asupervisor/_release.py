@@ -1,10 +1,10 @@
 """Let go of objects whose destruction can block, on a thread nobody waits for.
 
 A ``tf.data`` iterator's destructor waits for the iterator's background threads
-(its autotuning model thread among them): measured at 2-5 s in a two-worker job
-on this machine, on the training thread, between the agreed stop and the final
-save. The training thread hands the iterators it is done with to this module and
-goes on; their destructors run here.
+(its autotuning model thread among them), which can take seconds; on the training
+thread it came between the agreed stop and the final save, so in a multi-worker job
+every other worker waited for it. The training thread hands the iterators it is done
+with to this module and goes on; their destructors run here.
 """
 
 from __future__ import annotations

@@ -88,7 +88,7 @@ class GlobalStep:
 
     def flush(self) -> None:
         """Training thread: deferred steps into our variable (before a save, after fit).
-        ``fit`` defers them: an eager op per batch costs a small model a few percent."""
+        ``fit`` defers them: an eager op per batch is a visible part of a small model's batch."""
         if self._unsynced:
             self.variable.assign_add(self._unsynced)
             self._unsynced = 0
@@ -103,10 +103,11 @@ class GlobalStep:
         """For a ``tf.function`` step and our own variable: one ``tf.function`` that
         runs the step and then the increment, in the same graph call.
 
-        An eager ``assign_add`` after each step is a third of a tiny model's step
-        overhead; inside the graph it is free. The increment depends on the step's
-        outputs, so a step that fails does not count. The wrapper keeps the step's
-        ``input_signature``, so it traces no more often than the step itself.
+        An eager ``assign_add`` after each step is a dispatch of its own, a visible part
+        of a tiny model's step; inside the graph it costs nothing measurable. The
+        increment depends on the step's outputs, so a step that fails does not count.
+        The wrapper keeps the step's ``input_signature``, so it traces no more often
+        than the step itself.
         """
         import tensorflow as tf
 

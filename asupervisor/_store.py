@@ -236,9 +236,10 @@ class Store:
     def writing_back(self, prefix_name: str) -> Iterator[None]:
         """While TF writes the checkpoint ``prefix_name``: flush the files of its
         temporary directory (``<prefix>_temp``, where TF's saver writes before it renames)
-        every ``WRITE_BACK_SECS`` on a thread of its own. Measured at 1 GiB: TF's write
-        and the fsync after it took 0.87x plain Python's write + fsync, 0.57x with this.
-        A no-op on an object store."""
+        every ``WRITE_BACK_SECS`` on a thread of its own, so that the disk writes while TF
+        is still serializing and the fsync after the write has little left to do
+        (``benchmarks/checkpoint_stall.py`` measures the save against plain Python's
+        write + fsync). A no-op on an object store."""
         if not self.local:
             yield
             return

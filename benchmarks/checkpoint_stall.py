@@ -45,6 +45,8 @@ import time
 from collections.abc import AsyncIterator, Sequence
 from typing import Any
 
+from _results import write as write_results
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 import anyio
@@ -293,7 +295,7 @@ async def peak_run(megabytes: int, name: str, saves: int, seconds: float) -> Non
     shutil.rmtree(root, ignore_errors=True)
 
 
-async def run_size(megabytes: int, saves: int, seconds: float) -> None:
+async def run_size(megabytes: int, saves: int, seconds: float) -> list[dict[str, object]]:
     big = Big(megabytes)
     big.step()  # trace outside the measurement
     root = tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR"))
@@ -316,6 +318,14 @@ async def run_size(megabytes: int, saves: int, seconds: float) -> None:
     floor = statistics.median(floors)
     sync_write = statistics.median(rows["asv sync"]["write"])
     print(f"| {megabytes} MB | plain write + fsync | {floor:.3f} | 1.00{X} | | | | | |")
+    table: list[dict[str, object]] = [
+        {
+            "state MB": megabytes,
+            "saver": "plain write + fsync",
+            "write s": floor,
+            "write / floor": 1.0,
+        }
+    ]
     for name, row in rows.items():
         write, lost = statistics.median(row["write"]), statistics.median(row["lost"])
         peak = await anyio.to_thread.run_sync(peak_rss, megabytes, name, 3, seconds)
@@ -326,6 +336,20 @@ async def run_size(megabytes: int, saves: int, seconds: float) -> None:
             f"{peak:+.0f} ({peak / megabytes:.0%}) | {freed:+.0f} ({freed / megabytes:.0%}) |",
             flush=True,
         )
+        table.append(
+            {
+                "state MB": megabytes,
+                "saver": name,
+                "write s": write,
+                "write / floor": write / floor,
+                "held s": statistics.median(row["held"]),
+                "lost s": lost,
+                "lost / asv sync": lost / sync_write,
+                "peak RSS +MB": peak,
+                "peak RSS +MB, freed memory returned": freed,
+            }
+        )
+    return table
 
 
 async def main(sizes: list[int], saves: int, seconds: float) -> None:
@@ -339,8 +363,10 @@ async def main(sizes: list[int], saves: int, seconds: float) -> None:
     )
     print(header)
     print("|" + "|".join("---" for _ in header.split("|")[1:-1]) + "|")
+    table = []
     for megabytes in sizes:
-        await run_size(megabytes, saves, seconds)
+        table += await run_size(megabytes, saves, seconds)
+    write_results("checkpoint_stall", table, saves=saves)
 
 
 if __name__ == "__main__":

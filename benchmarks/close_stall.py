@@ -16,6 +16,8 @@ import os
 import tempfile
 import time
 
+from _results import write
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -72,6 +74,8 @@ def main() -> None:
     print(f"state {args.megabytes} MB, async write in flight at close")
     print(f"close took            {close * 1000:8.1f} ms")
     print(f"longest loop stall    {stall * 1000:8.1f} ms  ({stall / close:.1%} of the close)")
+    row = {"state MB": args.megabytes, "close s": close, "longest loop stall s": stall}
+    write("close_stall", [row])
 
 
 if __name__ == "__main__":

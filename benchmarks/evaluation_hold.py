@@ -220,6 +220,7 @@ def main() -> None:
     )
     print("| evaluation | kind | steps/s | baseline steps/s | training held | evaluations |")
     print("|---|---|---|---|---|---|")
+    table: list[dict[str, object]] = []
     for i, row in enumerate(rows):
         if row["mode"] == "none":
             continue
@@ -231,8 +232,21 @@ def main() -> None:
             f"| {row['mode']} | {row['kind']} | {row['rate']:.1f} | {base:.1f} "
             f"| **{held:.0%}** | {row['evaluated']} |"
         )
+        table.append(
+            {
+                "evaluation": row["mode"],
+                "kind": row["kind"],
+                "steps/s": row["rate"],
+                "baseline steps/s": base,
+                "training held": held,
+                "evaluations": row["evaluated"],
+            }
+        )
     baselines = [r["rate"] for r in rows if r["mode"] == "none"]
     print(f"\nbaselines (no evaluation): {', '.join(f'{r:.1f}' for r in baselines)} steps/s")
+    from _results import write  # here: this file is also the evaluator's --script
+
+    write("evaluation_hold", table, seconds_per_part=args.seconds, eval_secs=args.eval_secs)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,8 @@ import tempfile
 import time
 from typing import Any
 
+from _results import write
+
 EVERY = 20  # batches between saves, for both
 
 
@@ -120,6 +122,7 @@ def main() -> None:
         child(*args.child)
         return
     rng = random.Random(0)
+    rows = []
     print("| system | signal | steps lost (per trial) | max |")
     print("|---|---|---|---|")
     for sig in (signal.SIGKILL, signal.SIGTERM):
@@ -133,6 +136,15 @@ def main() -> None:
                 f"{max(lost)} |",
                 flush=True,
             )
+            rows.append(
+                {
+                    "system": name,
+                    "signal": signal.Signals(sig).name,
+                    "steps lost": lost,
+                    "max": max(lost),
+                }
+            )
+    write("fit_interruptions", rows, trials=args.trials)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,8 @@ import tempfile
 import time
 from typing import Any
 
+from _results import write
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 
@@ -79,6 +81,18 @@ def main() -> None:
         f"sess.fit supervised {m:8.1f} steps/s  (rounds: {', '.join(f'{r:.0f}' for r in managed)})"
     )
     print(f"step time, supervised / bare: {p / m:.2f}x")
+    write(
+        "fit_overhead",
+        [
+            {"system": "model.fit bare", "steps/s": p, "rounds": plain, "time per step": 1.0},
+            {
+                "system": "sess.fit supervised",
+                "steps/s": m,
+                "rounds": managed,
+                "time per step": p / m,
+            },
+        ],
+    )
 
 
 if __name__ == "__main__":

@@ -33,6 +33,8 @@ import threading
 import time
 from pathlib import Path
 
+from _results import write
+
 ROOT = Path(__file__).parents[1]
 EXAMPLE = ROOT / "examples" / "multiworker.py"
 sys.path.insert(0, str(ROOT))  # the benchmark drives the example and reuses its parts
@@ -225,13 +227,16 @@ def main() -> None:
     if args.paired_worker:
         paired_worker(args.steps, args.logdir)
         return
+    table: list[dict[str, object]] = []
     if "speed" in args.parts:
-        speeds(args.steps, args.trials)
+        table += speeds(args.steps, args.trials)
     if "stop" in args.parts:
-        stops(args.trials)
+        table += stops(args.trials)
+    write("multiworker", table, steps=args.steps, trials=args.trials)
 
 
-def speeds(steps: int, trials: int) -> None:
+def speeds(steps: int, trials: int) -> list[dict[str, object]]:
+    table: list[dict[str, object]] = []
     print(
         "| workers | plain MWMS loop | supervised (sess.train, services on) "
         "| step time, supervised/plain (each run) |"
@@ -248,14 +253,25 @@ def speeds(steps: int, trials: int) -> None:
             f"| **{statistics.median(ratios):.2f}x** ({each}) |",
             flush=True,
         )
+        table.append(
+            {
+                "part": f"speed, {workers} worker(s)",
+                "plain MWMS loop steps/s": plain,
+                "supervised steps/s": ours,
+                "step time, supervised / plain": statistics.median(ratios),
+                "each run": ratios,
+            }
+        )
     print(
         f"(median of {trials} jobs; in each worker process {steps} supervised steps "
         f"between two plain halves, each part after a {WARMUP}-step warm-up; "
         "global batch 32)"
     )
+    return table
 
 
-def stops(trials: int) -> None:
+def stops(trials: int) -> list[dict[str, object]]:
+    table: list[dict[str, object]] = []
     ours = [str(EXAMPLE), "--steps", "100000000", "--save-secs", "1"]
     theirs = [__file__, "--preemption-worker"]
     print(
@@ -268,6 +284,15 @@ def stops(trials: int) -> None:
         saved = ", ".join(f"{s:.2f}" for s, _, _ in runs)
         exited = ", ".join(f"{e:.2f}" for _, e, _ in runs)
         print(f"| {name} | {saved} | {exited} | {runs[-1][2]} |", flush=True)
+        table.append(
+            {
+                "part": f"SIGTERM to the non-chief: {name}",
+                "final checkpoints written s": [s for s, _, _ in runs],
+                "both processes exited s": [e for _, e, _ in runs],
+                "where they stopped (last trial)": runs[-1][2],
+            }
+        )
+    return table
 
 
 if __name__ == "__main__":

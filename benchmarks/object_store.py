@@ -39,6 +39,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from _results import write
+
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -225,10 +227,20 @@ def main() -> None:
         f"(saves: 2 a round); flushes: {args.flushes} of {args.points} points each\n"
     )
     print("| | local | gs:// | gs:// / local |\n|---|---|---|---|")
+    table: list[dict[str, object]] = []
     for name in results["local"]:
         local = statistics.median(results["local"][name])
         gs = statistics.median(results["gs"][name])
         print(row(name, local, gs, "B" if name.startswith("uploaded") else "s"))
+        unit = "bytes" if name.startswith("uploaded") else "s"
+        table.append(
+            {
+                "measure": f"{name} ({unit})",
+                "local": local,
+                "gs://": gs,
+                "gs:// / local": gs / local,
+            }
+        )
     print("\n| gs:// requests | requests | uploads | server-side copies | bytes uploaded |")
     print("|---|---|---|---|---|")
     for name, count in counts.items():
@@ -239,6 +251,16 @@ def main() -> None:
     print()
     for name, seconds in summary_seconds.items():
         print(f"{args.summary_points} in-step points of 4 scalars, {name}: {seconds:.3f} s")
+    for name, count in counts.items():
+        table.append({"measure": f"gs:// requests: {name}", **count})
+    for name, seconds in summary_seconds.items():
+        table.append(
+            {
+                "measure": f"{args.summary_points} in-step points of 4 scalars, {name} (s)",
+                "gs://": seconds,
+            }
+        )
+    write("object_store", table, megabytes=args.megabytes, rounds=args.rounds)
 
 
 if __name__ == "__main__":

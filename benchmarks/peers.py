@@ -30,6 +30,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from _results import write
+
 SAVE_SECS, SUMMARY_SECS = 2.0, 1.0
 # name: (inputs, hidden, outputs, batch, timed steps)
 MODELS = {
@@ -315,6 +317,7 @@ def main() -> None:
         child(*args.child)
         return
     systems = args.systems.split(",")
+    table: list[dict[str, object]] = []
     for model in args.models.split(","):
         inputs, hidden, outputs, batch, steps = MODELS[model]
         shape = "-".join(map(str, [inputs, *hidden, outputs]))
@@ -346,7 +349,19 @@ def main() -> None:
                 each = ", ".join(f"{v:.2f}" for v in paired[system])
                 same = f"**{statistics.median(paired[system]):.2f}{TIMES}** ({each})"
             print(f"| {label} | {median[system]:.0f} ({spread}) | {vs_bare} | {vs_own} | {same} |")
+            table.append(
+                {
+                    "model": f"{model} {shape}, batch {batch}",
+                    "system": label,
+                    "steps/s": median[system],
+                    "rounds": rates[system],
+                    "vs bare TF2 loop": vs_bare,
+                    "vs its own bare loop": vs_own,
+                    "vs its own bare loop, same process": same,
+                }
+            )
         sys.stdout.flush()
+    write("peers", table, rounds=args.rounds)
 
 
 if __name__ == "__main__":

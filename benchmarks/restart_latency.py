@@ -27,6 +27,8 @@ import threading
 import time
 from pathlib import Path
 
+from _results import write
+
 ROOT = Path(__file__).resolve().parents[1]
 
 TRAINER = textwrap.dedent(
@@ -210,17 +212,32 @@ def main() -> None:
     )
     print("| start | " + " | ".join(keys) + " |")
     print("|---" * (len(keys) + 1) + "|")
+    table: list[dict[str, object]] = []
     for name, rows in results.items():
         cells = [f"{statistics.median(r[k] for r in rows):.2f} s" for k in keys]
         totals = ", ".join(f"{r['total']:.2f}" for r in rows)
         cells[0] = f"**{cells[0]}** ({totals})"
         print(f"| {name} | " + " | ".join(cells) + " |")
+        table.append(
+            {"start": name}
+            | {f"{k} s": statistics.median(r[k] for r in rows) for k in keys}
+            | {"totals s": [r["total"] for r in rows]}
+        )
     warm = results["warm standby"]
     print(
         f"\nstandby memory, waiting: RSS {statistics.median(r['standby rss'] for r in warm):.0f} "
         f"MiB, PSS {statistics.median(r['standby pss'] for r in warm):.0f} MiB "
         f"(the trainer beside it: RSS {statistics.median(r['trainer rss'] for r in warm):.0f} MiB)"
     )
+    table.append(
+        {
+            "start": "warm standby memory, waiting (MiB)",
+            "standby RSS MiB": statistics.median(r["standby rss"] for r in warm),
+            "standby PSS MiB": statistics.median(r["standby pss"] for r in warm),
+            "trainer RSS MiB": statistics.median(r["trainer rss"] for r in warm),
+        }
+    )
+    write("restart_latency", table, megabytes=args.megabytes, trials=args.trials)
 
 
 if __name__ == "__main__":

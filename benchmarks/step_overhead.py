@@ -28,6 +28,7 @@ import anyio
 import keras
 import structlog
 import tensorflow as tf
+from _results import write
 
 import asupervisor as asv
 
@@ -122,6 +123,7 @@ async def main(rounds: int, seconds: float) -> None:
     print(header)
     print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
     rows = [(name, shape, owned) for name, shape in MODELS.items() for owned in (True, False)]
+    results = []
     for name, shape, owned in rows:
         t = await compare(name, shape, rounds, seconds, owned)
         kind = "supervisor's own" if owned else "optimizer.iterations"
@@ -131,6 +133,18 @@ async def main(rounds: int, seconds: float) -> None:
             f"{t['train'] / t['plain']:>10.3f}x |",
             flush=True,
         )
+        results.append(
+            {
+                "model": name,
+                "global step": kind,
+                "plain ms": t["plain"] * 1e3,
+                "sess.run ms": t["run"] * 1e3,
+                "run / plain": t["run"] / t["plain"],
+                "sess.train ms": t["train"] * 1e3,
+                "train / plain": t["train"] / t["plain"],
+            }
+        )
+    write("step_overhead", results)
 
 
 if __name__ == "__main__":
