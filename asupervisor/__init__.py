@@ -7,9 +7,7 @@ private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
 
 from __future__ import annotations
 
-from ._checkpoints import RestoreReport, RestoreSource
-from ._coordinator import Coordinator
-from ._divergence import Rollback
+from ._checkpointing.checkpointer import RestoreReport, RestoreSource
 from ._errors import (
     CheckpointMismatchError,
     CheckpointSaveError,
@@ -23,16 +21,18 @@ from ._errors import (
     SupervisorError,
     WaitTimeout,
 )
-from ._evaluator import Evaluation, Evaluator
+from ._evaluate.evaluator import Evaluation, Evaluator
 from ._exit import exit_status, run
-from ._hooks import Hook, RunContext
 from ._log import EventLogger
 from ._log import log as logger
+from ._logdir.retention import KeepBest
 from ._outcome import Outcome, StopReason
-from ._retention import KeepBest
-from ._services import Service
-from ._session import ManagedSession
+from ._session.coordinator import Coordinator
+from ._session.managed import ManagedSession
+from ._session.services import Service
 from ._supervisor import Supervisor
+from ._training.divergence import Rollback
+from ._training.hooks import Hook, RunContext
 
 __version__ = "0.1.0"
 

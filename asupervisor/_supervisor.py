@@ -14,21 +14,21 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
+from ._checkpointing.root import user_checkpoint
 from ._cluster import Role, multi_worker_role
-from ._coordinator import Coordinator
-from ._divergence import Rollback
-from ._hooks import Hook
-from ._retention import KeepBest
-from ._root import user_checkpoint
-from ._services import Registration, register
-from ._session import ManagedSession
-from ._signals import check_stop_signals
-from ._store import is_object_store, no_file_system
+from ._logdir.retention import KeepBest
+from ._logdir.store import is_object_store, no_file_system
+from ._session.coordinator import Coordinator
+from ._session.managed import ManagedSession
+from ._session.services import Registration, register
+from ._session.signals import check_stop_signals
+from ._training.divergence import Rollback
+from ._training.hooks import Hook
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
-    from ._runtime import SessionRuntime
+    from ._session.runtime import SessionRuntime
 
 ServiceFn = Callable[[ManagedSession], Any]
 
@@ -159,12 +159,7 @@ class Supervisor:
         return self.given_summary_writer
 
     def _registrations(self, standard: bool) -> list[Registration]:
-        from .services import (
-            CheckpointService,
-            StepCounterService,
-            SummaryService,
-            WatchdogService,
-        )
+        from .services import CheckpointService, StepCounterService, SummaryService, WatchdogService
 
         regs = []
         if standard and self.checkpointing and self.is_chief and self.save_model_secs > 0:
@@ -236,7 +231,7 @@ class Supervisor:
 
         Leaving the block stops everything gracefully: see the README.
         """
-        from ._runtime import SessionRuntime
+        from ._session.runtime import SessionRuntime
 
         check.boolean("wait_for_checkpoint", wait_for_checkpoint)
         check.non_negative("max_wait_secs", max_wait_secs)

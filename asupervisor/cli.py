@@ -12,9 +12,9 @@ import os
 import sys
 from collections.abc import Sequence
 
-from . import _evaluate_cli
-from ._inspect import LogdirReport, inspect_logdir
-from ._runcli import add_commands, ledger_lines
+from ._cli import evaluate as _evaluate_cli
+from ._cli.run import add_commands, ledger_lines
+from ._logdir.report import LogdirReport, inspect_logdir
 
 EPILOG = """\
 examples:

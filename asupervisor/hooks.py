@@ -8,10 +8,10 @@ import time
 from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
-from asupervisor import Hook, NanLossError, RunContext, logger
+from . import Hook, NanLossError, RunContext, logger
 
 if TYPE_CHECKING:
-    from asupervisor import ManagedSession
+    from . import ManagedSession
 
 __all__ = ["Hook", "LoggingHook", "NanLossHook", "RunContext", "StopAtStepHook"]
 

@@ -49,8 +49,8 @@ import structlog
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._store import Store
-from asupervisor._summaries import writer_options
+from asupervisor._logdir.store import Store
+from asupervisor._training.summaries import writer_options
 from tests.gcs_fixture import FakeGcs
 
 X = "\N{MULTIPLICATION SIGN}"

@@ -154,7 +154,7 @@ async def test_a_lock_left_by_a_killed_process_does_not_block(logdir: str) -> No
             sys.executable,
             "-c",
             "import sys, time\n"
-            "from asupervisor._lock import LogdirLock\n"
+            "from asupervisor._logdir.lock import LogdirLock\n"
             f"LogdirLock({logdir!r}).acquire()\n"
             "print('locked', flush=True)\n"
             "time.sleep(60)\n",

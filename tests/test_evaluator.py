@@ -20,8 +20,9 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor import _evaluator, _leases
-from asupervisor._store import Store
+from asupervisor._evaluate import evaluator as _evaluator
+from asupervisor._logdir import leases as _leases
+from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 from tests.conftest import Pair, named, pair_supervisor
 
@@ -443,7 +444,7 @@ async def test_the_digits_example_evaluates_a_digits_run(logdir: str) -> None:
     """``examples/evaluate_digits.py`` fits what ``examples/digits.py`` saves."""
     import keras
 
-    from asupervisor._evaluate_cli import load_factory
+    from asupervisor._cli.evaluate import load_factory
 
     model = keras.Sequential(
         [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]

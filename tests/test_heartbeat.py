@@ -18,10 +18,11 @@ import anyio
 import pytest
 
 import asupervisor as asv
-from asupervisor import _heartbeat, _ledger
-from asupervisor._heartbeat import Beat, Verdict, judge
-from asupervisor._stopping import Phase
-from asupervisor._store import Store
+from asupervisor._logdir import heartbeat as _heartbeat
+from asupervisor._logdir import ledger as _ledger
+from asupervisor._logdir.heartbeat import Beat, Verdict, judge
+from asupervisor._logdir.store import Store
+from asupervisor._session.stopping import Phase
 from asupervisor.cli import main
 from tests.conftest import Pair, named, pair_supervisor
 

@@ -16,9 +16,9 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._leases import hold, let_go
-from asupervisor._records import read_records
-from asupervisor._store import Store
+from asupervisor._logdir.leases import hold, let_go
+from asupervisor._logdir.records import read_records
+from asupervisor._logdir.store import Store
 from tests import forked
 from tests.conftest import Pair
 
@@ -65,7 +65,7 @@ async def test_a_lease_written_just_after_the_sweep_read_leases_still_keeps_its_
     # The reader's protocol: write the lease, then check the state file still lists the
     # checkpoint. Here it does both at the worst moment: after the sweep has read the
     # leases, before it writes the state file without the checkpoint.
-    from asupervisor import _retention
+    from asupervisor._logdir import retention as _retention
 
     store, seen_listed = Store(logdir), []
     protected = _retention.Retention.protected

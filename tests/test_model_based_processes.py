@@ -27,8 +27,8 @@ pytestmark = pytest.mark.slow
 
 def newest_complete(logdir: str) -> int | None:
     """The newest checkpoint on disk whose files read back whole (a restart restores it)."""
-    from asupervisor._logdir import checkpoint_problem, list_checkpoints
-    from asupervisor._store import Store
+    from asupervisor._logdir.files import checkpoint_problem, list_checkpoints
+    from asupervisor._logdir.store import Store
 
     store = Store(logdir)
     for path in list_checkpoints(store, "model.ckpt"):

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._lock import LeaseLock
-from asupervisor._store import Store
+from asupervisor._logdir.lock import LeaseLock
+from asupervisor._logdir.store import Store
 from tests.conftest import Pair, named, pair_supervisor
 from tests.faults.harness import Trainer, checkpoint_problems
 from tests.gcs_fixture import FakeGcs

@@ -16,10 +16,10 @@ from pathlib import Path
 import pytest
 
 from asupervisor._outcome import Outcome, StopReason
-from asupervisor._worker import JobKind
+from asupervisor._training.thread import JobKind
 
 ROOT = Path(__file__).parents[1]
-SOURCES = sorted([*ROOT.glob("asupervisor/*.py"), *ROOT.glob("services/*.py")])
+SOURCES = sorted(ROOT.glob("asupervisor/**/*.py"))
 
 # Attributes a third party's API asks its users to set.
 ALLOWED = {

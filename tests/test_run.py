@@ -19,8 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from asupervisor import _heartbeat
-from asupervisor._runner import outcome_of, standby_plan
+from asupervisor._logdir import heartbeat as _heartbeat
+from asupervisor._run.supervisor import outcome_of, standby_plan
 from asupervisor.cli import main
 from tests.test_heartbeat import beat
 

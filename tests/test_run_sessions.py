@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from asupervisor import _ledger
-from asupervisor._store import Store
+from asupervisor._logdir import ledger as _ledger
+from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 
 ROOT = Path(__file__).parents[1]

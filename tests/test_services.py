@@ -38,7 +38,7 @@ async def test_restart_policy_restarts_with_backoff_then_stops(
             runs.append(time.monotonic())
             raise boom
 
-    from asupervisor._services import register
+    from asupervisor._session.services import register
 
     sv._services.append(register(Flaky(), on_error="restart", max_restarts=2, backoff_secs=0.05))
     with pytest.raises(ConnectionError) as raised:

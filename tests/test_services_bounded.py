@@ -45,7 +45,7 @@ async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
 async def test_a_service_that_blocks_the_loop_is_named(
     events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from asupervisor import _loopwatch
+    from asupervisor._session import loopwatch as _loopwatch
 
     monkeypatch.setattr(_loopwatch, "STALL_SECS", 0.3)
     sv = asv.Supervisor(None, handle_signals=False)

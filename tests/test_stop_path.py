@@ -271,7 +271,7 @@ def test_a_failed_lock_write_leaves_nothing_held(tmp_path: Path) -> None:
     script = textwrap.dedent(
         """
         import resource, signal, sys
-        from asupervisor._lock import LogdirLock
+        from asupervisor._logdir.lock import LogdirLock
 
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
         lock = LogdirLock(sys.argv[1])
@@ -292,7 +292,7 @@ def test_a_failed_lock_write_leaves_nothing_held(tmp_path: Path) -> None:
 
 
 def test_a_symlink_in_the_locks_place_is_refused_not_followed(tmp_path: Path) -> None:
-    from asupervisor._lock import LogdirLock
+    from asupervisor._logdir.lock import LogdirLock
 
     victim = tmp_path / "victim"
     victim.write_text("precious")

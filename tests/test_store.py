@@ -362,7 +362,7 @@ def _open_files() -> set[str]:
 
 @pytest.mark.skipif(not os.path.isdir("/proc/self/fd"), reason="reads /proc/self/fd")
 def test_write_back_flushes_a_growing_checkpoint_and_opens_nothing_else(tmp_path: Path) -> None:
-    from asupervisor._store import Store
+    from asupervisor._logdir.store import Store
 
     store = Store(str(tmp_path))
     temp = tmp_path / "model.ckpt-7_temp"
@@ -389,7 +389,7 @@ def test_write_back_flushes_a_growing_checkpoint_and_opens_nothing_else(tmp_path
 
 
 def test_write_back_is_a_no_op_on_an_object_store() -> None:
-    from asupervisor._store import Store
+    from asupervisor._logdir.store import Store
 
     with Store("ram://write-back/run").writing_back("model.ckpt-1"):
         assert not [t for t in threading.enumerate() if t.name == "asupervisor-write-back"]

@@ -1,0 +1,126 @@
+"""The object the supervisor saves: the user's checkpoint as it is *now*, with the global
+step and the data position beside its children.
+
+TF's checkpoints follow attribute assignment: ``ckpt.data = iter(dataset)`` changes what
+the next ``ckpt.save()`` writes. So the supervisor's root is a ``tf.train.Checkpoint``
+whose root *is* the user's checkpoint (``root=``): TF reads the user's children at each
+save, and a restore into a child that does not exist yet is deferred on the user's
+object, by TF's own rules, until the attribute is assigned. The global step and the
+position are attached beside them without being set on the user's object, which stays
+as it was: a second Supervisor over it (a retry loop, a notebook cell run twice) sees
+it unchanged. The files are the same as if they were children of the user's object.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._training.kept_state import NAME as STATE
+from .._training.kept_state import SEEDS, KeptState, seed_generators
+from .._training.position import FIT_STATE
+from .._training.position import NAME as POSITION
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+    from .._training.position import Position
+
+GLOBAL_STEP = "global_step"
+# Names the supervisor's root gives its own children (and TF's counter of saves).
+RESERVED = (GLOBAL_STEP, POSITION, FIT_STATE, STATE, SEEDS, "save_counter")
+
+
+def user_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:
+    """The user's ``tf.train.Checkpoint`` (``checkpoint=``), or one made from a mapping of
+    name to trackable; a ``ValueError`` naming ``checkpoint`` for anything else."""
+    import tensorflow as tf
+
+    if checkpoint is None:
+        return tf.train.Checkpoint()
+    if isinstance(checkpoint, tf.train.Checkpoint):
+        _check_names(children_of(checkpoint), global_step)
+        return checkpoint
+    if not isinstance(checkpoint, Mapping):
+        raise ValueError(
+            "checkpoint must be a tf.train.Checkpoint or a mapping of name to trackable, "
+            f"not {checkpoint!r}"
+        )
+    _check_names(dict(checkpoint), global_step)
+    for name in checkpoint:
+        if not isinstance(name, str) or not name.isidentifier():
+            raise ValueError(f"checkpoint: {name!r} is not a name a checkpoint can hold")
+    try:
+        return tf.train.Checkpoint(**{k: v for k, v in checkpoint.items() if k != GLOBAL_STEP})
+    except (TypeError, ValueError) as exc:  # TF's own words on what it cannot track
+        raise ValueError(f"checkpoint: {exc}") from None
+
+
+def _check_names(children: Mapping[str, Any], global_step: Any) -> None:
+    for name in RESERVED:
+        if name not in children:
+            continue
+        if name == GLOBAL_STEP and children[name] is global_step:
+            continue  # the same variable as global_step=: it is saved once, as ours
+        raise ValueError(
+            f"checkpoint has an entry {name!r}, a name the supervisor's checkpoint uses "
+            "for its own state"
+            + (
+                "; pass the step variable as global_step= instead"
+                if name == GLOBAL_STEP
+                else "; rename it"
+            )
+        )
+
+
+def children_of(checkpoint: Any) -> dict[str, Any]:
+    """The objects a checkpoint holds now, by name (TF's counter of saves left out)."""
+    import tensorflow as tf
+
+    children = dict(tf.train.TrackableView(checkpoint).children(checkpoint))
+    children.pop("save_counter", None)
+    return children
+
+
+class SavedRoot:
+    """What one session saves and restores (see the module's docstring)."""
+
+    def __init__(
+        self, user: tf.train.Checkpoint, global_step: Any, position: Position, kept: KeptState
+    ) -> None:
+        import tensorflow as tf
+
+        self.user = user
+        self.ours: dict[str, Any] = {GLOBAL_STEP: global_step, **position.objects()}
+        self.ours[STATE] = kept.module
+        generators = seed_generators(children_of(user).values())
+        if generators:  # Keras leaves their state out of a checkpoint of the model
+            seeds = tf.Module(name=SEEDS)
+            seeds.states = generators
+            self.ours[SEEDS] = seeds
+        self.checkpoint = self._root(self.ours)
+
+    def _root(self, ours: Mapping[str, Any]) -> tf.train.Checkpoint:
+        import tensorflow as tf
+
+        root = tf.train.Checkpoint(root=self.user, **ours)
+        # TF's counter of saves (the user's, if it has one): every checkpoint so far holds
+        # one, and a restore that left it untaken would look incomplete.
+        _ = root.save_counter
+        return root
+
+    def children(self) -> dict[str, Any]:
+        """The top-level objects, as a save would write them now."""
+        user = children_of(self.user)
+        clash = [n for n in self.ours if n in user and user[n] is not self.ours[n]]
+        if clash:
+            raise ValueError(
+                f"the checkpoint object was given an attribute {clash[0]!r} after the "
+                "Supervisor was made: that name is the supervisor's own; rename it"
+            )
+        return {**user, **self.ours}
+
+    def without(self, names: list[str]) -> tf.train.Checkpoint:
+        """A root without ``names`` (of the supervisor's own objects): to restore an older
+        or another tool's checkpoint that lacks them, checking that it fills the rest."""
+        return self._root({k: v for k, v in self.ours.items() if k not in names})

@@ -1,0 +1,205 @@
+"""A running session seen from outside its process: the heartbeat, and how to judge it.
+
+The watchdog runs inside the process, so a process stuck in a collective, in a
+driver call or with a blocked event loop looks alive to every orchestrator. While a
+session runs, a small JSON file says what it does; another process (``asupervisor
+run``, ``asupervisor health``, a Kubernetes liveness probe) reads it and decides.
+
+The fields are chosen so that both kinds of hang show from outside:
+
+- ``written_at``: the file is written by a task on the event loop (the I/O itself in a
+  worker thread). A blocked loop, a frozen or dead process writes no more: the beat
+  ages.
+- ``busy_since``: when the work now on the training thread (one step, a save, a
+  ``sess.call``) began. A step that never ends leaves the beats coming, with this
+  time falling behind.
+
+Times are wall-clock seconds (``time.time()``): the reader is another process, maybe
+on another host (an object-store logdir); hosts' clocks must agree to well within the
+deadlines. Where it is written: ``<logdir>/.asupervisor.heartbeat`` by the chief (only
+the chief writes into the logdir), and, by any process, the local file named by the
+environment variable ``ASUPERVISOR_HEARTBEAT`` (``asupervisor run`` gives each child
+its own, so that non-chiefs are watched too).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+import os
+import stat
+import time
+from dataclasses import asdict, dataclass, fields
+from typing import Any
+
+from .._outcome import Outcome
+from .._session.stopping import Phase
+from .store import Store, is_object_store
+
+NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief
+ENV_FILE = "ASUPERVISOR_HEARTBEAT"  # a local file any session process also writes
+ENV_ATTEMPT = "ASUPERVISOR_ATTEMPT"  # set by `asupervisor run`: 1 for the first start
+VERSION = 1
+MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes
+
+# Phases in which the work on the training thread is start-up (restore, the first
+# step's tracing) or the stop (the final checkpoint): judged by the longer deadline.
+_LONG_PHASES = {Phase.STARTING, Phase.DRAINING, Phase.FINISHING, Phase.CLOSING}
+
+
+@dataclass(frozen=True)
+class Beat:
+    """One heartbeat: what the session was doing when it was written."""
+
+    pid: int
+    host: str
+    session: str  # the session's id, also in its ledger lines
+    chief: bool
+    worker: str | None  # the task in a multi-worker job ("worker:1"), else None
+    phase: Phase
+    first_step_done: bool
+    step: int
+    restored_step: int | None
+    interval_secs: float  # how often it is written
+    started_at: float  # when the session began
+    written_at: float
+    busy_since: float | None  # when the work on the training thread began; None: idle
+    job: str | None  # that work's name
+    last_step_at: float | None  # when the step was first seen at its current value
+    last_commit_step: int | None  # the newest checkpoint written (or restored) whole
+    last_commit_at: float | None  # when it was written (None: restored)
+    outcome: Outcome | None = None  # the last beat of a session says how it ended
+    exit_status: int | None = None
+    version: int = VERSION
+
+    def to_json(self) -> bytes:
+        data = asdict(self)
+        data["phase"] = self.phase.value
+        data["outcome"] = None if self.outcome is None else self.outcome.value
+        return json.dumps(data, sort_keys=True).encode()
+
+    @classmethod
+    def from_json(cls, raw: bytes) -> Beat:
+        """Parse a beat; ``ValueError`` for anything that is not one."""
+        try:
+            data = json.loads(raw)
+        except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+            raise ValueError(f"not a heartbeat: {exc}") from None
+        if not isinstance(data, dict) or data.get("version") != VERSION:
+            raise ValueError("not a heartbeat of this version")
+        known = {f.name for f in fields(cls)}
+        try:
+            data["phase"] = Phase(data["phase"])
+            data["outcome"] = None if data.get("outcome") is None else Outcome(data["outcome"])
+            beat = cls(**{k: v for k, v in data.items() if k in known})
+        except (KeyError, TypeError, ValueError) as exc:
+            raise ValueError(f"not a heartbeat: {exc}") from None
+        for name in ("written_at", "started_at", "interval_secs"):
+            value = getattr(beat, name)
+            if not isinstance(value, (int, float)) or not math.isfinite(value):
+                raise ValueError(f"not a heartbeat: {name}={value!r}")
+        return beat
+
+    def as_dict(self) -> dict[str, Any]:
+        return dict(json.loads(self.to_json()))
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """Whether a run looks alive from outside, and why."""
+
+    stale: bool
+    why: str
+    limit_secs: float  # the deadline that applied
+
+
+def judge(beat: Beat | None, now: float, max_age: float, startup_max_age: float) -> Verdict:
+    """Judge a beat at wall-clock time ``now``.
+
+    ``max_age`` bounds the age of the beat (the event loop answers within it in every
+    phase) and the time one step (or any work on the training thread) may take;
+    ``startup_max_age`` bounds that work instead before the first step has ended
+    (restore, tracing) and while the session stops (the final save). A session that has
+    ended is not judged: the process may do other work after it.
+    """
+    if beat is None:
+        return Verdict(False, "no heartbeat", startup_max_age)
+    if beat.outcome is not None or beat.phase is Phase.CLOSED:
+        ended = beat.outcome.value if beat.outcome is not None else "ended"
+        return Verdict(False, f"the session has ended ({ended}) at step {beat.step}", 0.0)
+    # The loop is never busy for long in any phase (start-up and the stop run on the
+    # training thread): a beat older than max_age is a blocked loop or a lost process.
+    age_limit = max(max_age, 3 * beat.interval_secs)
+    long = beat.phase in _LONG_PHASES or not beat.first_step_done
+    busy_limit = max(startup_max_age if long else max_age, 3 * beat.interval_secs)
+    age = now - beat.written_at
+    where = f"{beat.phase.value}, step {beat.step}"
+    if age > age_limit:
+        return Verdict(
+            True,
+            f"no heartbeat for {age:.1f} s (limit {age_limit:g} s; {where}): the event loop is "
+            "blocked, or the process is frozen or gone",
+            age_limit,
+        )
+    if beat.busy_since is not None and beat.written_at - beat.busy_since > busy_limit:
+        busy = now - beat.busy_since
+        return Verdict(
+            True,
+            f"{beat.job or 'work on the training thread'} has run for {busy:.1f} s "
+            f"(limit {busy_limit:g} s; {where}): a step that does not end",
+            busy_limit,
+        )
+    limit = busy_limit
+    return Verdict(False, f"alive: {where}, beat {max(age, 0.0):.1f} s ago", limit)
+
+
+def read(path: str) -> Beat | None:
+    """The beat in the file at ``path`` (a local path or an object-store URL); ``None``
+    if there is none. ``ValueError`` for a file that is not a beat, ``OSError`` for
+    one that cannot be read (a FIFO in its place is not opened)."""
+    if is_object_store(path):
+        directory, _, name = path.rpartition("/")
+        store = Store(directory)
+        if store.kind(name) is None:
+            return None
+        return Beat.from_json(store.read(name, MAX_BYTES))
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    except FileNotFoundError:
+        return None
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise OSError(f"{path} is not a regular file")
+        raw = os.read(fd, MAX_BYTES + 1)
+    finally:
+        os.close(fd)
+    if len(raw) > MAX_BYTES:
+        raise ValueError(f"{path} is larger than a heartbeat")
+    return Beat.from_json(raw)
+
+
+def write_local(path: str, data: bytes) -> None:
+    """Replace the file at ``path`` whole (a reader sees the old beat or the new one).
+
+    Not fsynced: a beat lost in a machine crash is worth nothing, and an fsync at every
+    beat would wait behind a checkpoint's writes and make a healthy run look stale."""
+    temp = f"{path}.tmp{os.getpid()}"
+    fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
+    try:
+        os.write(fd, data)
+    finally:
+        os.close(fd)
+    try:
+        os.replace(temp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.remove(temp)
+        raise
+
+
+def wall(monotonic: float | None) -> float | None:
+    """A ``time.monotonic()`` reading as wall-clock time."""
+    if monotonic is None:
+        return None
+    return time.time() - (time.monotonic() - monotonic)

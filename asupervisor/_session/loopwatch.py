@@ -1,0 +1,82 @@
+"""Notice an event loop that something blocks, and say what holds it.
+
+Services, the session's body and the stop path all run on the event loop; code that
+blocks it (``time.sleep``, a long computation, blocking I/O in a service) holds them
+all, the stop included, and the library cannot interrupt it. A thread of its own asks
+the loop to answer every ``PING_SECS``; when an answer is ``STALL_SECS`` late it logs
+``loop.stalled`` with the service whose code holds the loop (read from the loop
+thread's stack) and where, and ``loop.resumed`` with how long it lasted once the loop
+answers again.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+import traceback
+from types import FrameType
+
+from .._log import log
+from .._training.thread import LoopCaller
+from .services import supervise
+
+PING_SECS = 0.25
+STALL_SECS = 2.0
+
+
+class LoopWatch:
+    def __init__(self, caller: LoopCaller) -> None:
+        self._caller = caller
+        self._loop_thread = threading.get_ident()  # made on the loop: the loop's thread
+        self._answered = time.monotonic()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(
+            target=self._watch, name="asupervisor-loopwatch", daemon=True
+        )
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _answer(self) -> None:
+        self._answered = time.monotonic()
+
+    def _watch(self) -> None:
+        stalled_since: float | None = None
+        while not self._stop.wait(PING_SECS):
+            self._caller(self._answer)
+            late = time.monotonic() - self._answered
+            if stalled_since is None and late >= STALL_SECS:
+                stalled_since = self._answered
+                held_by, where = holder(sys._current_frames().get(self._loop_thread))
+                log.warning(
+                    "loop.stalled",
+                    seconds=round(late, 2),
+                    held_by=held_by,
+                    where=where,
+                    hint="code on the event loop blocks it (time.sleep, blocking I/O or a "
+                    "long computation in a service or the body); nothing else runs, a stop "
+                    "included, until it returns: run such code with anyio.to_thread",
+                )
+            elif stalled_since is not None and late < PING_SECS * 2:
+                log.warning("loop.resumed", seconds=round(self._answered - stalled_since, 2))
+                stalled_since = None
+
+
+def holder(frame: FrameType | None) -> tuple[str, str]:
+    """Which service a stack of the loop thread belongs to (``service:<name>``, else
+    ``the session body or another task``), and its innermost line."""
+    if frame is None:
+        return "unknown", "unknown"
+    innermost = traceback.extract_stack(frame, limit=1)
+    where = f"{innermost[-1].filename}:{innermost[-1].lineno} in {innermost[-1].name}"
+    current: FrameType | None = frame
+    while current is not None:
+        if current.f_code is supervise.__code__:
+            reg = current.f_locals.get("reg")
+            return f"service:{getattr(reg, 'name', '?')}", where
+        current = current.f_back
+    return "the session body or another task", where

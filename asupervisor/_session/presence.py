@@ -1,0 +1,207 @@
+"""What a running session shows outside its process: its heartbeat and its ledger lines.
+
+One task on the event loop writes the heartbeat every ``heartbeat_secs`` (see
+``_heartbeat`` for the fields and why), and the ledger lines when they come; the file
+I/O runs in a worker thread, never on the loop or the training thread. So a loop that
+something blocks stops the beats, which is how it is seen from outside.
+
+Only a chief that holds the logdir's lock writes into the logdir; any process also
+writes the local file ``ASUPERVISOR_HEARTBEAT`` names, if set (``asupervisor run``
+sets it for each child, chief or not). A failed write is logged once per file and
+never stops training.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import time
+import uuid
+from datetime import datetime, timezone
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._log import log
+from .._logdir import heartbeat as _heartbeat
+from .._logdir import ledger as _ledger
+from .._logdir.heartbeat import Beat, wall
+from .._logdir.store import Store
+from .._outcome import Outcome
+from .._training.thread import JobKind
+from .services import spawn
+from .stopping import Phase
+
+if TYPE_CHECKING:
+    from .._checkpointing.checkpointer import RestoreReport
+    from .runtime import SessionRuntime
+
+
+def _now_iso() -> str:
+    return datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _attempt() -> int | None:
+    """The attempt ``asupervisor run`` numbered this process with, if it did."""
+    try:
+        return int(os.environ.get(_heartbeat.ENV_ATTEMPT, ""))
+    except ValueError:
+        return None
+
+
+class Presence:
+    """The heartbeat writer and the ledger of one session."""
+
+    def __init__(self, rt: SessionRuntime) -> None:
+        self._rt = rt
+        sv = rt.sv
+        self.session_id = uuid.uuid4().hex[:12]
+        self.interval = sv.heartbeat_secs
+        self.env_path = os.environ.get(_heartbeat.ENV_FILE) or None
+        self._store = Store(sv.logdir) if sv.logdir is not None and sv.is_chief else None
+        self._host = socket.gethostname()
+        self._started_at = time.time()
+        self._seen: tuple[int, float] | None = None  # (step, when it was first seen)
+        self._pending: list[dict[str, Any]] = []  # ledger lines not written yet
+        self._final: Outcome | None = None
+        self._lock = anyio.Lock()
+        self._wake = anyio.Event()
+        self._scope = anyio.CancelScope()
+        self._done = anyio.Event()
+        self._running = False
+        self._warned: set[str] = set()
+
+    # -- the session's side ------------------------------------------------------------
+
+    def start(self) -> None:
+        """Begin beating (on the loop, at the session's entry); nothing to do for a session
+        that writes no logdir and was given no heartbeat file."""
+        if self._store is None and self.env_path is None:
+            return
+        self._running = True
+        spawn(self._beat_forever, "asupervisor-heartbeat")
+
+    def started(self, report: RestoreReport) -> None:
+        """The session has restored (or begun fresh): its ledger line."""
+        role = self._rt.sv.role
+        self._pending.append(
+            {
+                "event": "start",
+                "session": self.session_id,
+                "time": _now_iso(),
+                "started": _now_iso(),
+                "host": self._host,
+                "pid": os.getpid(),
+                "attempt": _attempt(),
+                "worker": None if role is None else role.name,
+                "restored_step": report.step,
+                "source": report.source.value,
+                "restored_from": report.path,
+            }
+        )
+        self._wake.set()
+
+    async def close(self, outcome: Outcome, wait: float, **end: Any) -> None:
+        """The session ends with ``outcome``: its last beat and its ``end`` line, written
+        before the logdir's lock is released, waiting at most ``wait`` seconds."""
+        self._scope.cancel()
+        self._final = outcome
+        self._pending.append(
+            {
+                "event": "end",
+                "session": self.session_id,
+                "time": _now_iso(),
+                "ended": _now_iso(),
+                "host": self._host,
+                "pid": os.getpid(),
+                "outcome": outcome.value,
+                "exit_status": outcome.exit_status,
+                **end,
+            }
+        )
+        if not self._running:
+            return
+        with anyio.move_on_after(wait):
+            await self._done.wait()  # a write in flight finishes first
+            await self._flush()
+
+    # -- the writer ----------------------------------------------------------------------
+
+    async def _beat_forever(self) -> None:
+        try:
+            with self._scope:
+                while True:
+                    await self._flush()
+                    with anyio.move_on_after(self.interval if self.interval > 0 else None):
+                        await self._wake.wait()
+                    self._wake = anyio.Event()
+        except BaseException as exc:  # never out of a task nobody waits for
+            if not isinstance(exc, anyio.get_cancelled_exc_class()):
+                log.error("heartbeat.failed", path=self.env_path, error=repr(exc))
+        finally:
+            self._done.set()
+
+    async def _flush(self) -> None:
+        async with self._lock:
+            owns_logdir = self._store is not None and self._rt.lock is not None
+            lines, self._pending = (self._pending if owns_logdir else []), []
+            beat = self._beat().to_json() if self.interval > 0 else None
+            await anyio.to_thread.run_sync(self._write, lines, beat, owns_logdir)
+
+    def _beat(self) -> Beat:
+        """On the loop: what the session is doing now."""
+        rt = self._rt
+        step = rt.step.value
+        if self._seen is None or self._seen[0] != step:
+            self._seen = (step, time.time())
+        flight = rt.thread.in_flight()
+        busy = flight if flight is not None and flight.job.kind is not JobKind.HOLD else None
+        checkpointer = rt.checkpointer
+        final = self._final
+        return Beat(
+            pid=os.getpid(),
+            host=self._host,
+            session=self.session_id,
+            chief=rt.sv.is_chief,
+            worker=None if rt.sv.role is None else rt.sv.role.name,
+            phase=Phase.CLOSED if final is not None else rt.phase,  # the last beat
+            first_step_done=rt.stepper.first_done is not None,
+            step=step,
+            restored_step=rt.restore_report.step if rt.ready else None,
+            interval_secs=self.interval,
+            started_at=self._started_at,
+            written_at=time.time(),
+            busy_since=None if busy is None else wall(busy.step_started_at),
+            job=None if busy is None else busy.job.name,
+            last_step_at=self._seen[1],
+            last_commit_step=None if checkpointer is None else checkpointer.last_saved_step,
+            last_commit_at=None if checkpointer is None else wall(checkpointer.last_saved_at),
+            outcome=final,
+            exit_status=None if final is None else final.exit_status,
+        )
+
+    def _write(self, lines: list[dict[str, Any]], beat: bytes | None, owns_logdir: bool) -> None:
+        """In a worker thread: the ledger lines, then the beat, each where it goes."""
+        store = self._store
+        if owns_logdir and store is not None:
+            for line in lines:
+                self._attempt_write(store.path(_ledger.NAME), _ledger.append, store, line)
+            if beat is not None:
+                self._attempt_write(store.path(_heartbeat.NAME), _write_beat, store, beat)
+        if beat is not None and self.env_path is not None:
+            self._attempt_write(self.env_path, _heartbeat.write_local, self.env_path, beat)
+
+    def _attempt_write(self, where: str, fn: Any, *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception as exc:
+            if where not in self._warned:
+                self._warned.add(where)
+                log.warning("heartbeat.failed", path=where, error=f"{type(exc).__name__}: {exc}")
+
+
+def _write_beat(store: Store, beat: bytes) -> None:
+    if store.local:
+        _heartbeat.write_local(store.path(_heartbeat.NAME), beat)
+    else:
+        store.write(_heartbeat.NAME, beat)

@@ -1,0 +1,146 @@
+"""SIGTERM and SIGINT (or the session's own ``stop_signals``): a graceful stop first; a
+second SIGINT stops at once.
+
+Python runs signal handlers on the main thread between two bytecodes, which
+here means inside the event loop, possibly while it holds a lock. So a handler
+only hands a callback to the loop (``call_soon_threadsafe`` and trio's
+``run_sync_soon`` are safe to call from a signal handler) and returns.
+
+Sessions that overlap in one process share one installed handler: the handlers
+the process had before the *first* session are saved once and put back when the
+*last* one ends, whatever order they end in (a stack, not a chain of saves that
+the first to end would unwind under the others). A signal goes to every session
+that is listening for it; each signal is counted on its own (sessions may listen
+for different ones: SLURM's requeue signal is usually SIGUSR1).
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from types import FrameType
+from typing import Any
+
+from .._training.thread import LoopCaller
+
+SIGNALS = (signal.SIGTERM, signal.SIGINT)  # the default stop signals
+# Signals a process cannot catch, or whose default meaning a training run must keep
+# (a crash, a stopped job): never a graceful stop.
+_REFUSED = {
+    signal.SIGKILL,
+    signal.SIGSTOP,
+    signal.SIGSEGV,
+    signal.SIGBUS,
+    signal.SIGFPE,
+    signal.SIGILL,
+    signal.SIGABRT,
+    signal.SIGCHLD,
+}
+
+_lock = threading.RLock()
+_listeners: list[SignalListener] = []
+_previous: dict[int, Any] = {}
+
+
+class SignalListener:
+    """One session's part in the process's signal handling."""
+
+    def __init__(
+        self,
+        caller: LoopCaller,
+        graceful: Callable[[str], None],
+        immediate: Callable[[str], None],
+        signals: tuple[signal.Signals, ...] = SIGNALS,
+    ) -> None:
+        self._caller = caller
+        self._graceful = graceful
+        self._immediate = immediate
+        self.signals = signals
+        self.received: list[str] = []
+        self.installed = False
+
+    def install(self) -> bool:
+        """Listen; ``False`` (and nothing done) off the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        with _lock:
+            for sig in self.signals:
+                if sig not in _previous:  # the first listener for it
+                    _previous[sig] = signal.getsignal(sig)
+                    signal.signal(sig, _dispatch)
+            _listeners.append(self)
+        self.installed = True
+        return True
+
+    def restore(self) -> None:
+        """Stop listening; the last listener to go puts the process's handlers back."""
+        if not self.installed:
+            return
+        self.installed = False
+        with _lock:
+            if self in _listeners:
+                _listeners.remove(self)
+            still = {sig for listener in _listeners for sig in listener.signals}
+            for sig in [sig for sig in _previous if sig not in still]:
+                signal.signal(sig, _previous.pop(sig))
+
+    def deliver(self, signum: int) -> None:
+        name = signal.Signals(signum).name
+        self.received.append(name)
+        second_interrupt = signum == signal.SIGINT and self.received.count("SIGINT") >= 2
+        action = self._immediate if second_interrupt else self._graceful
+        self._caller(lambda: action(name))
+
+
+def _dispatch(signum: int, frame: FrameType | None) -> None:
+    with _lock:
+        listeners = [listener for listener in _listeners if signum in listener.signals]
+    for listener in listeners:
+        listener.deliver(signum)
+
+
+def redeliver(signums: list[int]) -> None:
+    """Raise signals again after the session's listener is gone, so that the
+    handlers now in force see them (a signal that came during shutdown is not lost)."""
+    for signum in signums:
+        signal.raise_signal(signum)
+
+
+def check_stop_signals(value: Any) -> tuple[signal.Signals, ...]:
+    """``stop_signals``: signals (``signal.SIGUSR1``), their numbers or names (``"SIGUSR1"``,
+    ``"USR1"``), at least one; a ``ValueError`` naming the argument otherwise."""
+    if isinstance(value, (str, int)) or not isinstance(value, (tuple, list, set, frozenset)):
+        raise ValueError(
+            f"stop_signals must be a tuple of signals (signal.SIGTERM, 'SIGUSR1', ...), "
+            f"not {value!r}"
+        )
+    found: list[signal.Signals] = []
+    for item in value:
+        sig = _as_signal(item)
+        if sig is None:
+            raise ValueError(f"stop_signals: {item!r} is not a signal of this platform")
+        if sig in _REFUSED:
+            raise ValueError(
+                f"stop_signals: {sig.name} cannot ask for a graceful stop (it cannot be "
+                "caught, or it means a crash or a child process)"
+            )
+        if sig not in found:
+            found.append(sig)
+    if not found:
+        raise ValueError("stop_signals must name at least one signal (or handle_signals=False)")
+    return tuple(found)
+
+
+def _as_signal(item: Any) -> signal.Signals | None:
+    if isinstance(item, bool):
+        return None
+    if isinstance(item, str):
+        name = item.upper() if item.upper().startswith("SIG") else "SIG" + item.upper()
+        return signal.Signals.__members__.get(name)
+    if isinstance(item, int):
+        try:
+            return signal.Signals(item)
+        except ValueError:
+            return None
+    return None

@@ -1,0 +1,218 @@
+"""A session's start: open the logdir, wait for a checkpoint, restore or initialize.
+
+Every blocking part (directory and lock I/O, reading the state file, the events file,
+the restore itself) runs on the session's training thread, never on the event loop,
+and every wait gives way to a stop within one poll: a stop during start-up ends the
+session before it trains, and the start-up job it gave up on is fenced (it restores
+nothing more, runs no hook, saves nothing).
+
+These functions change nothing of the runtime's but through its methods; they
+return what they found.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import anyio
+
+from .._checkpointing.checkpointer import Checkpointer, RestoreReport, RestoreSource
+from .._checkpointing.scratch import ScratchCheckpointer
+from .._cluster import Agreement
+from .._errors import WaitTimeout
+from .._log import log
+from .._logdir.files import is_own, remove_unfinished
+from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard, make_lock
+from .._logdir.store import Store
+from .._logdir.verify import unrestored
+from .._training.thread import Job, JobKind
+
+if TYPE_CHECKING:
+    from .runtime import SessionRuntime
+
+
+@dataclass(frozen=True)
+class Opened:
+    """What opening the logdir made: the lock, its write guard, the checkpointer."""
+
+    lock: LogdirLock | LeaseLock | None
+    guard: WriteGuard
+    checkpointer: Checkpointer | None
+
+
+async def start(rt: SessionRuntime, wait: bool, max_wait_secs: float) -> RestoreReport:
+    """Open, join the job, restore or initialize; the report (``interrupted`` when a
+    stop came first)."""
+    sv = rt.sv
+    started = time.perf_counter()
+    rt.adopt(await rt.thread.run_job(Job(_open, (rt,), kind=JobKind.INTERNAL)))
+    if sv.role is not None:
+        rt.join(Agreement(sv.role, _lost(rt), lambda: rt.flag.stopped))
+    interrupted = RestoreReport(RestoreSource.INTERRUPTED, None, rt.step.value)
+    # In a multi-worker job a non-chief waits for the chief's choice instead (in
+    # _choose): its scratch directory never holds a checkpoint, and the chief's
+    # first save needs this worker, so waiting for a file would deadlock.
+    if wait and not sv.is_chief and rt.agreement is None and not await _wait(rt, max_wait_secs):
+        return interrupted
+    report: RestoreReport | None = await _until_stop(rt, _restore_or_init, rt, max_wait_secs)
+    if report is None:  # a stop came first: nothing was restored, nothing is saved
+        log.info("session.start_interrupted", reason=str(rt.flag.reason))
+        return interrupted
+    log.info(
+        "session.started",
+        step=report.step,
+        restored_from=report.path,
+        source=report.source.value,
+        is_chief=sv.is_chief,
+        worker=None if sv.role is None else sv.role.name,
+        seconds=round(time.perf_counter() - started, 4),
+    )
+    return report
+
+
+def _lost(rt: SessionRuntime) -> Callable[[BaseException], None]:
+    def lost(error: BaseException) -> None:
+        """The job's coordination service failed: a worker, or the chief, is gone."""
+        rt.fail(error)
+
+    return lost
+
+
+def _open(rt: SessionRuntime) -> Opened:
+    """Training thread: the logdir, its lock, the checkpointer, the events file."""
+    sv = rt.sv
+    lock, guard = None, WriteGuard(None)
+    if sv.is_chief and sv.logdir is not None:
+        store = Store(sv.logdir)
+        store.make()
+        lock = make_lock(store)
+        lock.acquire()  # before anything is written: one live chief per logdir
+        guard = WriteGuard(lock)
+        leftovers = remove_unfinished(store, sv.checkpoint_basename)
+        if leftovers:
+            log.info("checkpoint.unfinished_removed", paths=leftovers)
+    checkpointer: Checkpointer | None = None
+    if sv.logdir is not None:
+        if sv.role is not None and not sv.is_chief:
+            checkpointer = ScratchCheckpointer(rt.root, sv.role.name, sv.checkpoint_basename)
+        else:
+            checkpointer = Checkpointer(
+                rt.root,
+                sv.logdir,
+                basename=sv.checkpoint_basename,
+                max_to_keep=sv.max_to_keep,
+                keep_checkpoint_every_n_hours=sv.keep_checkpoint_every_n_hours,
+                async_write=sv.async_checkpoint,
+                guard=guard,
+                on_fatal=rt.fail,  # a background write that fails for good stops training
+                keep_best=sv.keep_best,
+            )
+    rt.events.open(rt.thread.on_thread)
+    rt.events.set_default(rt.step.for_summaries())
+    return Opened(lock, guard, checkpointer)
+
+
+async def _wait(rt: SessionRuntime, max_wait_secs: float) -> bool:
+    """A non-chief polls for the chief's first checkpoint; ``False`` if a stop came first."""
+    checkpointer, sv = rt.checkpointer, rt.sv
+    assert checkpointer is not None, "wait_for_checkpoint needs a logdir"
+    deadline = anyio.current_time() + max_wait_secs
+    # Only a checkpoint that reads back whole ends the wait: damaged ones are not one.
+    while not await rt.thread.run(checkpointer.good_exists):
+        remaining = deadline - anyio.current_time()
+        if remaining <= 0:
+            raise WaitTimeout(f"no checkpoint appeared in {sv.logdir!r} in {max_wait_secs} s")
+        log.info("checkpoint.waiting", logdir=sv.logdir, remaining_secs=round(remaining, 1))
+        if await rt.flag.wait(min(sv.recovery_wait_secs, remaining)):
+            return False
+    return True
+
+
+async def _until_stop(rt: SessionRuntime, fn: Callable[..., Any], *args: Any) -> Any:
+    """Run ``fn`` on the training thread; ``None`` as soon as a stop comes first (the
+    job goes on by itself, fenced: it can change nothing of the session any more)."""
+    outcome: list[tuple[bool, Any]] = []
+    job = Job(fn, args, kind=JobKind.INTERNAL)
+    async with anyio.create_task_group() as tg:
+
+        async def run() -> None:
+            try:
+                outcome.append((True, await rt.thread.run_job(job, fence_on_cancel=True)))
+            except Exception as exc:  # raised below, as itself, not in an ExceptionGroup
+                outcome.append((False, exc))
+            tg.cancel_scope.cancel()
+
+        async def give_up_on_stop() -> None:
+            await rt.flag.wait()
+            tg.cancel_scope.cancel()
+
+        tg.start_soon(run)
+        tg.start_soon(give_up_on_stop)
+    if not outcome:
+        return None
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _choose(rt: SessionRuntime, max_wait_secs: float) -> tuple[str | None, list[tuple[str, str]]]:
+    """Training thread: restore the newest good checkpoint; in a multi-worker job the
+    chief chooses it and every other worker restores the same one."""
+    checkpointer, agreement = rt.checkpointer, rt.agreement
+    if checkpointer is None:
+        return None, []
+    if agreement is None or agreement.role.is_chief:
+        path, skipped = checkpointer.restore_newest()
+        if agreement is not None:
+            agreement.publish("restore", path or "")
+        return path, skipped
+    chosen = agreement.read("restore", max_wait_secs) or None
+    if chosen is not None:
+        checkpointer.restore(chosen)
+    return chosen, []
+
+
+def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
+    """Training thread: restore the newest checkpoint, or initialize."""
+    sv, step = rt.sv, rt.step
+    for hook in sv.hooks:
+        hook.begin(sv)
+    started = time.perf_counter()
+    path, skipped = _choose(rt, max_wait_secs)
+    rt.thread.check_fence()  # a restore given up on acts no further
+    step.reload()
+    rt.position.reload()
+    deferred: tuple[str, str] | None = None
+    if path is not None and rt.checkpointer is not None:
+        checkpointer = rt.checkpointer
+        checkpointer.restored(path)
+        if not is_own(path, checkpointer.basename):
+            log.warning("checkpoint.migrated", path=path, step=step.value)
+        waiting = unrestored(checkpointer.restore_status)
+        if waiting is not None:
+            # Objects not built yet take their values when they are built: checked
+            # again after the first step, which builds them (SessionRuntime.check_deferred).
+            deferred = (path, waiting)
+            log.info("checkpoint.deferred", path=path, first_value=waiting)
+        log.info(
+            "checkpoint.restored",
+            path=path,
+            step=step.value,
+            skipped=len(skipped),
+            seconds=round(time.perf_counter() - started, 4),
+        )
+        report = RestoreReport(RestoreSource.CHECKPOINT, path, step.value, tuple(skipped))
+    else:
+        source = RestoreSource.FRESH
+        # Every worker of a multi-worker job holds its own copy of the variables.
+        if sv.init_fn is not None and (sv.is_chief or sv.role is not None):
+            sv.init_fn()
+            rt.thread.check_fence()  # given up on while init_fn ran: it acts no further
+            source = RestoreSource.INIT_FN
+        report = RestoreReport(source, None, step.value, tuple(skipped))
+    rt.began(report, deferred)
+    return report

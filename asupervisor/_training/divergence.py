@@ -1,0 +1,97 @@
+"""Training that heals: a diverging loss rolls the run back instead of ending it.
+
+``on_divergence=asv.Rollback(...)``: after each step the loss is looked at (a step's
+``"loss"`` or its bare number; ``fit``'s batch logs). A non-finite loss, or with
+``spike_factor`` one above that many times the median of the last ``window`` losses, is a
+divergence. The session then restores the newest *healthy* checkpoint (its commit recorded
+a finite loss) at least ``lookback`` steps before it, moves the data (``train(epochs=)``,
+``fit``) past the batch that diverged and ``skip`` more, writes a marker into the events
+file and goes on; no checkpoint of non-finite state is ever committed meanwhile. The
+large-model logbooks (PaLM, OPT) did this by hand: restart some steps before the spike and
+skip the batches around it. After ``max_rollbacks`` rollbacks the session stops with
+``DivergedError``, which says what happened.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import numbers
+import statistics
+from typing import Any
+
+from .means import scalar_parts
+
+
+class Rollback:
+    """What to do when the loss diverges: roll back (see the module's docstring)."""
+
+    def __init__(
+        self,
+        *,
+        max_rollbacks: int = 3,
+        spike_factor: float | None = None,
+        window: int = 100,
+        lookback: int = 0,
+        skip: int = 0,
+    ) -> None:
+        self.max_rollbacks = _whole("max_rollbacks", max_rollbacks, 1)
+        if spike_factor is not None and (
+            isinstance(spike_factor, bool)
+            or not isinstance(spike_factor, numbers.Real)
+            or not 1 < float(spike_factor) < math.inf
+        ):
+            raise ValueError(f"spike_factor must be a number > 1 or None, not {spike_factor!r}")
+        self.spike_factor = None if spike_factor is None else float(spike_factor)
+        self.window = _whole("window", window, 2)
+        self.lookback = _whole("lookback", lookback, 0)
+        self.skip = _whole("skip", skip, 0)
+
+    def __repr__(self) -> str:
+        return (
+            f"Rollback(max_rollbacks={self.max_rollbacks}, spike_factor={self.spike_factor}, "
+            f"window={self.window}, lookback={self.lookback}, skip={self.skip})"
+        )
+
+
+def _whole(name: str, value: Any, minimum: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < minimum:
+        raise ValueError(f"{name} must be an int >= {minimum}, not {value!r}")
+    return int(value)
+
+
+def loss_of(result: Any) -> float | None:
+    """The step's loss as a number (this waits for it), or ``None`` if it has none."""
+    parts = scalar_parts(result)
+    if "loss" not in parts:
+        return None
+    try:
+        return float(parts["loss"])
+    except (TypeError, ValueError):
+        return None
+
+
+class LossWatch:
+    """The losses of one session's recent steps, and whether the newest diverges."""
+
+    def __init__(self, policy: Rollback) -> None:
+        self.policy = policy
+        self._recent: collections.deque[float] = collections.deque(maxlen=policy.window)
+        self.rollbacks = 0
+
+    def diverges(self, loss: float) -> str | None:
+        """``"non-finite"``, ``"spike"`` or ``None``; a loss that does not diverge joins
+        the window the next ones are measured against."""
+        if not math.isfinite(loss):
+            return "non-finite"
+        factor, recent = self.policy.spike_factor, self._recent
+        if factor is not None and len(recent) >= max(2, self.policy.window // 4):
+            median = statistics.median(recent)
+            if median > 0 and loss > factor * median:
+                return "spike"
+        recent.append(loss)
+        return None
+
+    def rolled_back(self) -> None:
+        self.rollbacks += 1
+        self._recent.clear()  # the restored state's losses are measured anew

@@ -1,0 +1,481 @@
+"""Steps on the training thread: hooks around them, the global step, step-based saves.
+
+Everything here runs on the session's training thread. The runtime owns the
+session; this module owns what one step does and what steps have done so far
+(the last result, steps run, steps since the last good save, recoveries in a row).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any
+
+from .._log import log
+from .._session.stopping import end_of_data_types
+from .hooks import Hook, RunContext
+from .means import ResultMeans
+from .position import epoch_data, skipped
+from .release import release
+
+if TYPE_CHECKING:
+    from .._session.runtime import SessionRuntime
+
+FUSED_CACHE_SIZE = 32  # step functions kept fused; per-step partials must not pile up
+STILL_CHECK_EVERY = 10  # steps between two looks at whether the global step moves
+
+
+class GlobalStep:
+    """The global step variable, and a Python mirror of it that costs nothing to read.
+
+    Ours is advanced by one raw op per step (cheaper than ``tf.Variable.assign_add``),
+    or inside a ``tf.function`` step's own graph. The user's is advanced by the user's
+    step, and read back only when something asks for the value: hooks, step-based
+    saves, ``sess.global_step``; a bare loop of steps never pays for it.
+    """
+
+    def __init__(self, variable: Any, owned: bool) -> None:
+        import tensorflow as tf
+        from tensorflow.python.ops import gen_resource_variable_ops as raw
+
+        self.variable = variable
+        self.owned = owned
+        # A Keras 3 variable wraps a tf.Variable in `.value`; a tf.Variable is its own.
+        inner = variable if isinstance(variable, tf.Variable) else getattr(variable, "value", None)
+        handle = getattr(inner, "handle", None) if isinstance(inner, tf.Variable) else None
+        one = tf.constant(1, dtype=variable.dtype)
+        self._read: Callable[[], int]
+        self._add_one: Callable[[], object]
+        if handle is not None:
+            dtype = tf.as_dtype(variable.dtype)
+            self._read = lambda: int(raw.read_variable_op(handle, dtype))
+            self._add_one = lambda: raw.assign_add_variable_op(handle, one)
+        else:  # e.g. a distributed variable: the public, slower way
+            self._read = lambda: int(variable.numpy())
+            self._add_one = lambda: variable.assign_add(one, read_value=False)
+        self._value = 0
+        self._stale = False
+        self._unsynced = 0  # our steps counted in the mirror, not yet in the variable
+        self.summary_step = SummaryStep(variable) if owned else None
+
+    @property
+    def value(self) -> int:
+        if self._stale:
+            self.reload()
+        return self._value
+
+    def reload(self) -> int:
+        self._unsynced = 0  # the variable, restored or not, is what counts now
+        self._value = self._read()
+        self._stale = False
+        return self._value
+
+    def advance(self, by: int = 1, in_graph: bool = False, deferred: bool = False) -> None:
+        """After a successful step (training thread): ours by ``by`` (unless the step's
+        own graph did it; ``deferred``: in the mirror now, in the variable at the next
+        ``flush``); the user's as it is."""
+        if self.owned:
+            if deferred:
+                self._unsynced += by
+            elif not in_graph:
+                for _ in range(by):
+                    self._add_one()
+            self._value += by
+        else:
+            self._stale = True
+
+    def flush(self) -> None:
+        """Training thread: deferred steps into our variable (before a save, after fit).
+        ``fit`` defers them: an eager op per batch is a visible part of a small model's batch."""
+        if self._unsynced:
+            self.variable.assign_add(self._unsynced)
+            self._unsynced = 0
+
+    def for_summaries(self) -> Any:
+        """The default step of ``tf.summary.*`` on the training thread: ours as a
+        ``SummaryStep`` (see there); the user's is read where the summary is written
+        (after the user's own increment, the step the state has reached)."""
+        return self.summary_step if self.summary_step is not None else self.variable
+
+    def fuse(self, fn: Callable[..., Any]) -> Callable[..., Any] | None:
+        """For a ``tf.function`` step and our own variable: one ``tf.function`` that
+        runs the step and then the increment, in the same graph call.
+
+        An eager ``assign_add`` after each step is a dispatch of its own, a visible part
+        of a tiny model's step; inside the graph it costs nothing measurable. The
+        increment depends on the step's outputs, so a step that fails does not count.
+        The wrapper keeps the step's ``input_signature``, so it traces no more often
+        than the step itself.
+        """
+        import tensorflow as tf
+
+        if not self.owned or not isinstance(fn, tf.types.experimental.PolymorphicFunction):
+            return None
+        variable = self.variable
+
+        def step_and_count(*args: Any, **kwargs: Any) -> Any:
+            result = fn(*args, **kwargs)
+            outputs = [t for t in tf.nest.flatten(result) if tf.is_tensor(t)]
+            with tf.control_dependencies(outputs):
+                variable.assign_add(tf.constant(1, variable.dtype))
+            return result
+
+        signature = getattr(fn, "input_signature", None)
+        fused = tf.function(
+            step_and_count,
+            input_signature=signature,
+            reduce_retracing=bool(getattr(fn, "_reduce_retracing", False)),
+        )
+        return fused  # type: ignore[no-any-return]
+
+
+_conversion_registered = False
+
+
+class SummaryStep:
+    """The step ``tf.summary.*`` writes at, for the supervisor's own step variable.
+
+    Every value a step makes is labelled with the step number it leaves behind (N+1 for
+    the step from N), as ``summary_fn``'s, Keras' and TF1's SummarySaverHook's are. Ours
+    is advanced after the step, so inside a step the label is the variable + 1; between
+    steps (``sess.call``) it is the variable itself; inside ``fit``, where our variable
+    is written only before saves, it is the optimizer's iterations plus the difference
+    the two had when ``fit`` began, + 1. Converted where a summary op reads it: in a
+    ``tf.function``, when it is traced.
+    """
+
+    def __init__(self, variable: Any) -> None:
+        import tensorflow as tf
+
+        global _conversion_registered
+        self.variable = variable
+        self.in_step = False
+        self.fit_iterations: Any = None  # the optimizer's iterations, while fit runs
+        self.fit_delta = tf.Variable(0, dtype=tf.int64, trainable=False)
+        if not _conversion_registered:
+            tf.register_tensor_conversion_function(SummaryStep, _summary_step_tensor)
+            _conversion_registered = True
+
+    @contextlib.contextmanager
+    def stepping(self) -> Iterator[None]:
+        self.in_step = True
+        try:
+            yield
+        finally:
+            self.in_step = False
+
+    @contextlib.contextmanager
+    def fitting(self, iterations: Any, step: int) -> Iterator[None]:
+        self.fit_delta.assign(step - int(iterations.numpy()))
+        self.fit_iterations = iterations
+        try:
+            yield
+        finally:
+            self.fit_iterations = None
+
+    def tensor(self) -> Any:
+        import tensorflow as tf
+
+        if self.fit_iterations is not None:
+            iterations = tf.cast(tf.convert_to_tensor(self.fit_iterations), tf.int64)
+            return iterations + self.fit_delta + 1
+        value = tf.cast(self.variable.read_value(), tf.int64)
+        return value + 1 if self.in_step else value
+
+    def __int__(self) -> int:  # for code that reads tf.summary.experimental.get_step()
+        return int(self.tensor().numpy())
+
+    def numpy(self) -> Any:
+        return self.tensor().numpy()
+
+
+def _summary_step_tensor(
+    value: SummaryStep, dtype: Any = None, name: str | None = None, as_ref: bool = False
+) -> Any:
+    import tensorflow as tf
+
+    tensor = value.tensor()
+    return tensor if dtype is None else tf.cast(tensor, dtype)
+
+
+class Rewind(Exception):
+    """A recoverable error restored an earlier checkpoint inside ``train(epochs=)``: the
+    data must go back to the restored position too (the loop starts over from it)."""
+
+
+class Stepper:
+    """What a step does on the training thread, and what steps have done so far."""
+
+    def __init__(
+        self,
+        runtime: SessionRuntime,
+        step: GlobalStep,
+        hooks: Sequence[Hook],
+        save_steps: int | None,
+        summary_steps: int | None = None,
+        averaging: bool = False,
+    ) -> None:
+        self.runtime = runtime
+        self.averaging = averaging  # keep results for their means (summaries from results)
+        self.means = ResultMeans()
+        self.summary_steps = summary_steps
+        self.step = step
+        self.hooks = tuple(hooks)
+        self.save_steps = save_steps
+        self.last_result: Any = None
+        self.steps_run = 0  # steps this session ran
+        self._saved_at_run = 0  # steps_run when the state of the last good save was taken
+        self._last_save_step: int | None = None  # for save_steps: as CheckpointSaverHook
+        self._last_summary_step: int | None = None  # for summary_steps: as SummarySaverHook
+        self.recoveries = 0  # recoveries in a row, for max_recoveries
+        self.first_done: tuple[int, float] | None = None  # (step, monotonic) after step 1
+        self._rate_mark: tuple[int, float] | None = None  # (step, monotonic) rates count from
+        # Each step function: what to call for it, and whether that advances the step.
+        # Bounded: a new partial or lambda per step must not pile up.
+        self._fused: collections.OrderedDict[Any, tuple[Callable[..., Any], bool]] = (
+            collections.OrderedDict()
+        )
+        self._still_since: tuple[int, int] | None = None  # (steps run, step value) at last look
+        self._warned_still = False
+
+    # -- what the session tells the stepper ------------------------------------------
+
+    def begin(self, step: int) -> None:
+        """The session starts (or is restored) at ``step``: the step schedules count from
+        here, as TF's CheckpointSaverHook does; the first step writes summaries, as TF's
+        SummarySaverHook does; nothing since is unsaved."""
+        self._last_save_step, self._last_summary_step = step, None
+        self._saved_at_run = self.steps_run
+
+    def recovered(self) -> None:
+        """An earlier checkpoint was restored (a recoverable error, a rollback)."""
+        self.recoveries += 1
+        self._saved_at_run = self.steps_run
+        self.means.clear()  # the failed steps' results are not the restored state's
+        self.last_result = None
+
+    def state_saved(self, at_run: int) -> None:
+        """A save of the state as it was after ``at_run`` steps is on disk."""
+        self._saved_at_run = max(self._saved_at_run, at_run)
+
+    @property
+    def unsaved(self) -> int:
+        """Steps run since the state of the last good save was taken."""
+        return self.steps_run - self._saved_at_run
+
+    def take_rate(self, step: int, now: float) -> float | None:
+        """Steps per second since the last call (from the first step: tracing is not
+        speed), or ``None`` if no step ran meanwhile."""
+        mark, self._rate_mark = self._rate_mark, (step, now)
+        if mark is None or step <= mark[0] or now <= mark[1]:
+            return None
+        return (step - mark[0]) / (now - mark[1])
+
+    # -- one step ------------------------------------------------------------------
+
+    def prepared(self, fn: Callable[..., Any]) -> tuple[Callable[..., Any], bool]:
+        # Keyed by equality: a bound method is a new object at every attribute access.
+        try:
+            found = self._fused.get(fn)
+        except TypeError:  # unhashable callable: never cached
+            return fn, False
+        if found is not None:
+            self._fused.move_to_end(fn)
+            return found
+        fused = self.step.fuse(fn)
+        found = self._fused[fn] = (fused or fn, fused is not None)
+        if len(self._fused) > FUSED_CACHE_SIZE:
+            self._fused.popitem(last=False)
+        return found
+
+    def run_step(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """One step with hooks around it; what it raises is classified by the runtime."""
+        runtime = self.runtime
+        runtime.thread.check_fence()
+        runtime.thread.mark_step()
+        try:
+            ctx = self.before(args, kwargs)
+            call, counted_in_graph = self.prepared(fn)
+            result = self._call_step(call, args, kwargs)
+            self.after(ctx, result, counted_in_graph)
+            return result
+        except Rewind:
+            raise
+        except BaseException as exc:
+            replacement = runtime.job_failed(exc)
+            if replacement is exc:
+                raise
+            raise replacement from exc
+
+    def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunContext | None:
+        """Before a step (or a batch of ``fit``): the hooks' ``before_run``."""
+        ctx = (
+            RunContext(self.step.value, args, kwargs, self.runtime.session) if self.hooks else None
+        )
+        for hook in self.hooks:
+            hook.before_run(ctx)  # type: ignore[arg-type]
+        return ctx
+
+    def after(
+        self,
+        ctx: RunContext | None,
+        result: Any,
+        counted_in_graph: bool,
+        *,
+        batches: int = 1,
+        running_means: bool = False,
+        deferred: bool = False,
+    ) -> None:
+        """After a successful step of ``batches`` batches: count it, run the hooks, then
+        what is due. ``running_means``: the result is already a mean (Keras' logs), not
+        averaged again."""
+        runtime = self.runtime
+        runtime.thread.check_fence()  # an abandoned step that returns at last does no more
+        self.recoveries = 0
+        self.step.advance(batches, in_graph=counted_in_graph, deferred=deferred)
+        self.steps_run += batches
+        runtime.position.advance(batches)
+        self.last_result = result  # for progress displays; one assignment, no copy
+        if runtime.check_divergence(result):  # rolled back: this step is undone
+            if runtime.position.counts():
+                raise Rewind()  # the data goes on from where the rollback put it
+            return
+        if self.averaging and not running_means:
+            self.means.add(result)
+        if self.first_done is None:
+            runtime.check_deferred()
+            self.first_done = self._rate_mark = (self.step.value, time.monotonic())
+        for hook in self.hooks:
+            hook.after_run(ctx, result)  # type: ignore[arg-type]
+        if not self.step.owned and self.steps_run % STILL_CHECK_EVERY < batches:
+            self._check_moving()  # ours always moves: we advance it
+        if self.save_steps and self._due_save():
+            runtime.save()
+        if self.summary_steps and self._due_summary():
+            runtime.step_summaries()
+        runtime.after_step()
+
+    def _due_save(self) -> bool:
+        """As TF's CheckpointSaverHook: due when the step has moved ``save_steps`` past
+        the last such save (or the session's start), whatever each step advances it by."""
+        step, last = self.step.value, self._last_save_step
+        if last is None or step >= last + self.save_steps:  # type: ignore[operator]
+            self._last_save_step = step
+            return last is not None
+        return False
+
+    def _due_summary(self) -> bool:
+        """As TF's SummarySaverHook: at the session's first step, then each time the step
+        has moved ``summary_steps`` past the last write."""
+        step, last = self.step.value, self._last_summary_step
+        if last is None or step >= last + self.summary_steps:  # type: ignore[operator]
+            self._last_summary_step = step
+            return True
+        return False
+
+    def _check_moving(self) -> None:
+        """Warn once, as TF1's step counter did, when steps run but the global step stays."""
+        value, runs = self.step.reload(), self.steps_run
+        if self._still_since is None or self._still_since[1] != value:
+            self._still_since = (runs, value)
+            return
+        if not self._warned_still and runs - self._still_since[0] >= STILL_CHECK_EVERY:
+            self._warned_still = True
+            log.warning(
+                "step.not_advancing",
+                step=value,
+                steps_run=runs - self._still_since[0],
+                hint="the global step variable is not advanced by the step; checkpoints are "
+                "numbered by it, and schedules, limits and rates read it",
+            )
+
+    def _call_step(
+        self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        """The step itself, retried after a recoverable error (the state restored)."""
+        runtime = self.runtime
+        summary_step = self.step.summary_step
+        while True:
+            try:
+                if summary_step is None:
+                    return fn(*args, **kwargs)
+                with summary_step.stepping():
+                    return fn(*args, **kwargs)
+            except Exception as exc:
+                if isinstance(exc, end_of_data_types()) or not runtime.recoverable(exc):
+                    raise
+                runtime.recover(exc)  # raises when it cannot
+                if runtime.position.counts():
+                    raise Rewind() from exc  # the data goes back with the state
+
+    # -- many steps ----------------------------------------------------------------
+
+    def train_loop(
+        self,
+        step_fn: Callable[..., Any],
+        data: Any,
+        max_steps: int | None,
+        epochs: int | None = None,
+    ) -> int:
+        """On the training thread: steps back to back; between two, the stop flag is
+        checked and the jobs queued meanwhile (saves, holds, calls) are run. With
+        ``epochs``, from the saved position (epoch, batch) to the end of the last epoch."""
+        if epochs is None:
+            return self._steps_over(step_fn, data, max_steps)[0]
+        position, before = self.runtime.position, self.steps_run
+        with position.counting():
+            while position.epoch < epochs:
+                source = skipped(epoch_data(data, position.epoch), position.batch)
+                left = None if max_steps is None else max_steps - (self.steps_run - before)
+                try:
+                    exhausted = self._steps_over(step_fn, source, left)[1]
+                except Rewind:
+                    continue  # the restored position: the epoch's data again, from there
+                finally:
+                    del source  # may be the iterator itself: _steps_over hands it on
+                if not exhausted:
+                    break  # a stop, or max_steps
+                position.next_epoch()
+        return self.steps_run - before
+
+    def _steps_over(
+        self, step_fn: Callable[..., Any], source: Iterable[Any], max_steps: int | None
+    ) -> tuple[int, bool]:
+        """Steps over an iterator of ``source``: how many ran, and whether the data ran out.
+        The iterator is handed to the releaser after, since its destructor may block
+        (a ``tf.data`` iterator's waits for its threads): not before the final save."""
+        iterator = iter(source)
+        try:
+            return self._steps(step_fn, iterator, max_steps)
+        finally:
+            release(iterator)
+            del iterator, source  # none left here, even in a traceback that keeps the frame
+
+    def _steps(
+        self, step_fn: Callable[..., Any], iterator: Iterator[Any], max_steps: int | None
+    ) -> tuple[int, bool]:
+        runtime, run_step = self.runtime, self.run_step
+        worker, flag = runtime.thread, runtime.flag
+        done = 0
+        while max_steps is None or done < max_steps:
+            if worker.has_pending():
+                worker.run_pending()
+            if flag.stopped:
+                return done, False
+            worker.mark_step()  # fetching the batch is part of the step
+            try:
+                batch = next(iterator)
+            except StopIteration:
+                return done, True  # the epoch is over; the session goes on
+            except end_of_data_types():
+                return done, True
+            try:
+                run_step(step_fn, batch if isinstance(batch, tuple) else (batch,), {})
+            except end_of_data_types():
+                return done, False  # the step's own data ran out: the stop is requested
+            done += 1
+        return done, False

@@ -1,0 +1,168 @@
+"""The run's events file, and writing values into it."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+from .._log import log
+from .._logdir.store import Store
+
+if TYPE_CHECKING:
+    import tensorflow as tf
+
+
+def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], step: int) -> None:
+    """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms."""
+    import tensorflow as tf
+
+    with writer.as_default(step=step):
+        for tag, value in values.items():
+            tensor = tf.convert_to_tensor(value)
+            if tensor.shape.rank == 0:
+                tf.summary.scalar(tag, tensor)
+            else:
+                tf.summary.histogram(tag, tensor)
+
+
+def scalars(result: Any) -> dict[str, float]:
+    """A step's numeric results by name (a bare number is ``loss``); the rest is left out.
+    Converting a tensor waits for it: call this at summary time, not every step."""
+    if result is None:
+        return {}
+    items = result.items() if isinstance(result, Mapping) else [("loss", result)]
+    found: dict[str, float] = {}
+    for key, value in items:
+        try:
+            found[str(key)] = float(value)
+        except (TypeError, ValueError):
+            continue
+    return found
+
+
+def writer_options(store: Store) -> dict[str, int]:
+    """How often the events file is flushed. TF's writer flushes every ``max_queue`` (10)
+    events and every ``flush_millis`` (2 min); a local flush appends what is new. An
+    object cannot be appended to: each flush there uploads the whole file again, and
+    ``tf.summary.*`` inside steps would upload it every few steps. There it is flushed
+    on TF's time (and at each point the summary services write, and at the close);
+    the queue's bound keeps memory bounded when steps write many summaries."""
+    return {} if store.local else {"max_queue": 10_000}
+
+
+def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | None]:
+    """A new writer in the logdir and the name of the events file it writes (``None`` if
+    unknown). The file is found by what appeared in the directory: only the chief,
+    which holds the logdir lock, creates events files there."""
+    import tensorflow as tf
+
+    def events() -> set[str]:
+        return {n for n in store.names() if n.startswith("events.out.tfevents.")}
+
+    before = events()
+    writer = tf.summary.create_file_writer(store.root, **writer_options(store))
+    writer.flush()
+    new = events() - before
+    return writer, (new.pop() if len(new) == 1 else None)
+
+
+class EventsFile:
+    """One session's summary writer: made, written, renewed and closed here only.
+
+    ``given`` is a writer the user passed in: it is flushed at the end, never
+    closed, and never replaced.
+    """
+
+    def __init__(self, logdir: str | None, given: tf.summary.SummaryWriter | None) -> None:
+        self._store = Store(logdir) if logdir is not None else None
+        self._given = given
+        self._lock = threading.Lock()
+        self.writer: tf.summary.SummaryWriter | None = given
+        self.path: str | None = None  # the name of the file, inside the logdir
+        self._renew_on: Callable[[], bool] = lambda: True  # where a lost file may be renewed
+
+    def open(self, on_training_thread: Callable[[], bool]) -> None:
+        """Create the session's file (blocking I/O: not on the event loop). A lost file is
+        renewed only where ``on_training_thread()``: no step writes into it meanwhile."""
+        self._renew_on = on_training_thread
+        if self._given is None and self._store is not None:
+            self.writer, self.path = create_events_file(self._store)
+
+    def set_default(self, step: Any) -> None:
+        """On the training thread: ``tf.summary.*`` inside steps writes here."""
+        if self.writer is not None:
+            self.writer.set_as_default(step=step)
+
+    def mark_start(self, step: int) -> None:
+        """A ``SessionLog.START`` at ``step`` first in the session's own file: TensorBoard
+        drops the points a crashed session wrote at or after it (those past the
+        restored checkpoint), as it did for TF1's Supervisor."""
+        if self.path is None or self.writer is None:
+            return  # a writer the user gave: its contents are the user's
+        import tensorflow as tf
+        from tensorflow.core.util import event_pb2
+        from tensorflow.python.ops import summary_ops_v2
+
+        event = event_pb2.Event(step=step, wall_time=time.time())
+        event.session_log.status = event_pb2.SessionLog.START
+        with self._lock, self.writer.as_default():
+            summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
+
+    def write(self, values: Mapping[str, Any], step: int) -> None:
+        with self._lock:
+            self._renew_if_lost()
+            if self.writer is not None:
+                write_values(self.writer, values, step)
+
+    def writable(self) -> bool:
+        """Whether the file can be written now (its pending events flushed): an
+        ``OutOfRangeError`` that a full disk raised in a step is not the end of data."""
+        if self.writer is None:
+            return True
+        try:
+            self.writer.flush()
+        except Exception:
+            return False
+        return True
+
+    def _renew_if_lost(self) -> None:
+        """A new file in place of a deleted one: TF would go on writing into the deleted
+        file's inode, and every summary would be lost without a word. The writer stays
+        the same object with the same resource, which steps traced earlier hold: only
+        the file under it changes."""
+        store = self._store
+        if self.path is None or store is None or not self._renew_on() or store.exists(self.path):
+            return
+        import tensorflow as tf
+
+        lost = self.path
+        writer: Any = self.writer
+        # TF names the writer's resource only privately; it is what traced steps hold.
+        handle = getattr(writer, "resource_handle", None) or writer._resource
+        before = set(store.names())
+        with contextlib.suppress(tf.errors.OpError):  # the old file is gone: flush may fail
+            tf.raw_ops.CloseSummaryWriter(writer=handle)
+        tf.raw_ops.CreateSummaryFileWriter(
+            writer=handle,
+            logdir=store.root,
+            max_queue=10,
+            flush_millis=120000,
+            filename_suffix=".v2",
+        )
+        writer.flush()
+        new = {n for n in store.names() if n.startswith("events.out.tfevents.")} - before
+        self.path = new.pop() if len(new) == 1 else None
+        new_path = store.path(self.path) if self.path is not None else None
+        log.warning("summary.file_lost", path=store.path(lost), new_path=new_path)
+
+    def close(self) -> None:
+        with self._lock:
+            if self.writer is None:
+                return
+            if self._given is None:
+                self.writer.close()  # flushes
+            else:
+                self.writer.flush()  # a writer the user gave stays theirs
