@@ -7,7 +7,7 @@ private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
 
 from __future__ import annotations
 
-from ._checkpointing.checkpointer import RestoreReport, RestoreSource
+from ._checkpointing.checkpointer import RestoreReport
 from ._errors import (
     CheckpointMismatchError,
     CheckpointSaveError,
@@ -23,6 +23,7 @@ from ._errors import (
 )
 from ._evaluate.evaluator import Evaluation, Evaluator
 from ._exit import exit_status, run
+from ._kinds import RestoreSource
 from ._log import EventLogger
 from ._log import log as logger
 from ._logdir.retention import KeepBest

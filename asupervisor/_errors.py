@@ -83,3 +83,7 @@ class SessionClosed(SupervisorError, RuntimeError):
 class DivergedError(NanLossError):
     """The loss diverged again after ``Rollback.max_rollbacks`` rollbacks (or there was no
     healthy checkpoint to roll back to); the message says where and what was tried."""
+
+
+# What the write guard and the checkpointer raise for "this session may not write any more".
+Fenced = SessionClosed

@@ -13,8 +13,10 @@ import sys
 from collections.abc import Sequence
 
 from ._cli import evaluate as _evaluate_cli
-from ._cli.run import add_commands, ledger_lines
-from ._logdir.report import LogdirReport, inspect_logdir
+from ._cli.inspect import render
+from ._cli.run import add_commands
+from ._cli.text import shown
+from ._logdir.report import inspect_logdir
 
 EPILOG = """\
 examples:
@@ -24,55 +26,6 @@ examples:
 exit status: 0 when the logdir was read, 1 when it holds no checkpoints and no
 events files, 2 for a missing logdir or bad arguments.
 """
-
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024  # type: ignore[assignment]
-    return f"{n} B"  # pragma: no cover
-
-
-def shown(text: object) -> str:
-    """``text`` with every control character escaped: a file named with a newline or
-    an ANSI escape must not forge lines or colours on the terminal."""
-    return "".join(
-        ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text)
-    )
-
-
-def render(report: LogdirReport) -> str:
-    lines = [f"logdir: {shown(report.logdir)}"]
-    latest = shown(report.latest_checkpoint or "none")
-    lines.append(f"latest checkpoint: {latest}  (step {report.latest_step})")
-    lines.append("")
-    lines.append(f"checkpoints ({len(report.checkpoints)}):")
-    lines.append(f"  {'step':>10}  {'saved (UTC)':<25}  {'size':>10}  readable  metrics")
-    for c in report.checkpoints:
-        readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
-        metrics = " ".join(f"{shown(k)}={v:.6g}" for k, v in sorted(c.metrics.items()))
-        if c.healthy is False:
-            metrics = "NOT HEALTHY (loss not finite) " + metrics
-        lines.append(
-            f"  {c.step:>10}  {c.saved:<25}  {_size(c.bytes):>10}  {readable:<8}  {metrics}"
-        )
-    lines.append("")
-    lines.append(f"tags ({len(report.tags)}):")
-    lines.append(f"  {'tag':<28}  {'kind':<9}  {'last value':>12}  {'steps':<17}  points")
-    for name, t in sorted(report.tags.items()):
-        value = "" if t.last_value is None else f"{t.last_value:.6g}"
-        steps = f"{t.first_step}..{t.last_step}"
-        lines.append(
-            f"  {shown(name):<28}  {shown(t.kind):<9}  {value:>12}  {steps:<17}  {t.points}"
-        )
-    lines.append("")
-    lines.append(f"events files ({len(report.events_files)}):")
-    for f in report.events_files:
-        damage = f"  DAMAGED: {shown(f.damaged)}" if f.damaged else ""
-        lines.append(f"  {shown(f.name)}  {_size(f.bytes)}  {f.events} events{damage}")
-    lines += ["", *ledger_lines(report, shown)]
-    return "\n".join(lines)
 
 
 def _parser() -> argparse.ArgumentParser:

@@ -18,11 +18,12 @@ import anyio
 import pytest
 
 import asupervisor as asv
+from asupervisor._cli.inspect import ledger_table
+from asupervisor._kinds import Phase
 from asupervisor._logdir import heartbeat as _heartbeat
 from asupervisor._logdir import ledger as _ledger
 from asupervisor._logdir.heartbeat import Beat, Verdict, judge
 from asupervisor._logdir.store import Store
-from asupervisor._session.stopping import Phase
 from asupervisor.cli import main
 from tests.conftest import Pair, named, pair_supervisor
 
@@ -128,7 +129,7 @@ async def test_a_killed_session_has_no_end_line_and_inspect_says_so(
         f.write(b'{"event": "end", "sess')  # a line cut by a full disk is skipped
     (entry,) = _ledger.sessions(_ledger.read(Store(logdir)))
     assert entry.ended is None
-    assert "no end recorded" in "\n".join(_ledger.render([entry], str))
+    assert "no end recorded" in "\n".join(ledger_table([entry]))
 
 
 @pytest.mark.asyncio

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from asupervisor._kinds import JobKind
 from asupervisor._outcome import Outcome, StopReason
-from asupervisor._training.thread import JobKind
 
 ROOT = Path(__file__).parents[1]
 SOURCES = sorted(ROOT.glob("asupervisor/**/*.py"))

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import collections
 import contextlib
-import enum
 import os
 import threading
 import time
@@ -16,7 +15,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .._errors import CheckpointMismatchError, CheckpointSaveError, LogdirLockedError
+from .._errors import CheckpointMismatchError, CheckpointSaveError, Fenced, LogdirLockedError
+from .._kinds import RestoreSource
 from .._log import log
 from .._logdir.files import (
     checkpoint_bytes,
@@ -37,7 +37,6 @@ from .._training.kept_state import NAME as KEPT_STATE
 from .._training.kept_state import SEEDS
 from .._training.position import FIT_STATE
 from .._training.position import NAME as POSITION
-from .._training.thread import Fenced
 from . import async_save as _async_save
 from .root import GLOBAL_STEP, SavedRoot
 
@@ -58,19 +57,6 @@ def _vanished(exc: BaseException) -> bool:
     import tensorflow as tf
 
     return isinstance(exc, (tf.errors.NotFoundError, FileNotFoundError))
-
-
-class RestoreSource(str, enum.Enum):
-    """Where a session's state came from. A ``str``: ``source == "checkpoint"`` holds."""
-
-    CHECKPOINT = "checkpoint"
-    INIT_FN = "init_fn"
-    FRESH = "fresh"
-    INTERRUPTED = "interrupted"
-    """A stop came before anything was restored; nothing trains or is saved."""
-
-    def __str__(self) -> str:
-        return self.value
 
 
 @dataclass(frozen=True)

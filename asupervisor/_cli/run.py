@@ -11,14 +11,13 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable
 from typing import Any
 
 from .._logdir import heartbeat as _heartbeat
-from .._logdir import ledger as _ledger
-from .._logdir.heartbeat import Beat, judge
+from .._logdir.heartbeat import judge
 from .._logdir.store import Store, is_object_store
 from .._run.supervisor import DEFAULT_PRELOAD, RunConfig, run_command
+from .text import shown
 
 RUN_DESCRIPTION = """\
 Run a training command and keep it running without a person: forward a graceful
@@ -276,8 +275,6 @@ def _heartbeat_path(target: str) -> str:
 
 
 def _health_main(args: argparse.Namespace) -> int:
-    from ..cli import shown
-
     path = _heartbeat_path(args.target)
     try:
         beat = _heartbeat.read(path)
@@ -303,28 +300,3 @@ def _health_main(args: argparse.Namespace) -> int:
         state = "STALE" if verdict.stale else "healthy"
         print(f"{state}: {shown(verdict.why)} (pid {beat.pid} on {shown(beat.host)})")
     return 1 if verdict.stale else 0
-
-
-def describe_beat(beat: Beat, now: float) -> str:
-    age = now - beat.written_at
-    where = f"pid {beat.pid} on {beat.host}"
-    if beat.outcome is not None:
-        return (
-            f"session ended ({beat.outcome.value}, exit status {beat.exit_status}) at step "
-            f"{beat.step}, {age:.0f} s ago ({where})"
-        )
-    busy = (
-        "" if beat.busy_since is None else f"; {beat.job} running for {now - beat.busy_since:.1f} s"
-    )
-    return f"{beat.phase.value} at step {beat.step}, last beat {age:.1f} s ago{busy} ({where})"
-
-
-def ledger_lines(report: Any, shown: Callable[[object], str]) -> list[str]:
-    """``asupervisor inspect``'s last sections: the sessions of the ledger, the heartbeat."""
-    lines = _ledger.render(report.sessions, shown)
-    if report.heartbeat is not None:
-        beat = Beat.from_json(json.dumps(report.heartbeat).encode())
-        lines += ["", f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
-    elif report.heartbeat_problem is not None:
-        lines += ["", f"heartbeat: unreadable: {shown(report.heartbeat_problem)}"]
-    return lines

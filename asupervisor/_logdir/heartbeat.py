@@ -33,8 +33,8 @@ import time
 from dataclasses import asdict, dataclass, fields
 from typing import Any
 
+from .._kinds import Phase
 from .._outcome import Outcome
-from .._session.stopping import Phase
 from .store import Store, is_object_store
 
 NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief

@@ -21,7 +21,6 @@ import stat
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .._checkpointing.checkpointer import RestoreSource
 from .store import Store
 
 NAME = "asupervisor-ledger.jsonl"
@@ -109,30 +108,3 @@ def sessions(records: list[dict[str, Any]]) -> list[SessionRecord]:
         known = {k: v for k, v in record.items() if k in _FIELDS and v is not None}
         merged.setdefault(record["session"], {}).update(known)
     return [SessionRecord(**entry) for entry in merged.values()]
-
-
-def render(entries: list[SessionRecord], shown: Any) -> list[str]:
-    """Table lines for ``asupervisor inspect`` (``shown`` escapes control characters)."""
-    lines = [f"sessions ({len(entries)}, from {NAME}):"]
-    if not entries:
-        return lines
-    lines.append(
-        f"  {'started (UTC)':<25}  {'host:pid':<22}  {'from':>8}  {'to':>8}  "
-        f"{'outcome':<18}  status  reason"
-    )
-    for e in entries:
-        where = shown(f"{e.host}:{e.pid}")[:22]
-        started = shown((e.started or "?")[:19].replace("T", " "))  # UTC, to the second
-        restored = e.source == RestoreSource.CHECKPOINT.value
-        origin = str(e.restored_step) if restored else shown(e.source or "?")
-        if e.ended is None:
-            to, outcome, status, reason = "?", "no end recorded", "", "killed or still running"
-        else:
-            to = str(e.step)
-            outcome, status = shown(e.outcome or "?"), str(e.exit_status)
-            reason = shown(e.reason or "") + (f": {shown(e.error)}" if e.error else "")
-        lines.append(
-            f"  {started:<25}  {where:<22}  {origin:>8}  {to:>8}  "
-            f"{outcome:<18}  {status:>6}  {reason[:80]}"
-        )
-    return lines

@@ -28,9 +28,8 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-from .._errors import LogdirLockedError
+from .._errors import Fenced, LogdirLockedError
 from .._log import log
-from .._training.thread import Fenced
 from .store import Store
 
 LEASE_SECS = 30.0  # a lease not renewed for this long is a dead chief's

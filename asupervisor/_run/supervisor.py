@@ -48,11 +48,11 @@ from typing import Any, TextIO
 import anyio
 import anyio.abc
 
+from .._kinds import Phase
 from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import Beat, judge
 from .._logdir.store import Store
 from .._outcome import Outcome
-from .._session.stopping import Phase
 
 STUCK_KILL_SECS = 10.0  # a stuck child's time between the stop signal and SIGKILL
 POLL_SECS = 0.2  # how often heartbeats are read and deadlines checked
@@ -673,7 +673,7 @@ class ProcessSupervisor:
         last = self.history[-1]
         lines.append(f"  the last failure: {last.why}")
         lines.append(f"  the last lines of its stderr (attempt {last.number}):")
-        from ..cli import shown
+        from .._cli.text import shown
 
         lines += [f"    | {shown(line)}" for line in last.tail] or ["    (none)"]
         with contextlib.suppress(OSError, ValueError):

@@ -14,10 +14,11 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._checkpointing.checkpointer import RestoreReport
+from .._kinds import JobKind
 from .._outcome import Outcome, StopReason, reason_of
 from .._training.position import is_one_shot
 from .._training.summaries import scalars
-from .._training.thread import Job, JobKind
+from .._training.thread import Job
 from .._validate import optional_positive_int
 from .services import register
 

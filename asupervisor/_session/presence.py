@@ -22,15 +22,14 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .._kinds import JobKind, Phase
 from .._log import log
 from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
 from .._logdir.store import Store
 from .._outcome import Outcome
-from .._training.thread import JobKind
 from .services import spawn
-from .stopping import Phase
 
 if TYPE_CHECKING:
     from .._checkpointing.checkpointer import RestoreReport

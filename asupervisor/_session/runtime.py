@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._checkpointing.checkpointer import Checkpointer, RestoreReport, RestoreSource
+from .._checkpointing.checkpointer import Checkpointer, RestoreReport
 from .._checkpointing.root import SavedRoot
 from .._errors import (
     CheckpointMismatchError,
@@ -31,6 +31,7 @@ from .._errors import (
     SessionStopped,
     StepTimeout,
 )
+from .._kinds import JobKind, Phase, RestoreSource
 from .._log import log
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
 from .._logdir.records import Record, finite_numbers
@@ -41,14 +42,14 @@ from .._training.kept_state import KeptState, key_of
 from .._training.position import Position
 from .._training.steps import GlobalStep, Stepper
 from .._training.summaries import EventsFile, scalars
-from .._training.thread import Job, JobKind, TrainingThread, loop_caller
+from .._training.thread import Job, TrainingThread, loop_caller
 from . import shutdown as _shutdown
 from . import startup as _startup
 from .loopwatch import LoopWatch
 from .presence import Presence
 from .services import Registration, ServiceGroup
 from .signals import SignalListener
-from .stopping import Phase, end_of_data_error, end_of_data_types
+from .stopping import end_of_data_error, end_of_data_types
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup

@@ -16,9 +16,10 @@ import anyio
 
 from .. import _exit
 from .._errors import GracePeriodExpired, StepTimeout
+from .._kinds import Phase
 from .._log import log
 from .signals import redeliver
-from .stopping import Phase, describe_error
+from .stopping import describe_error
 
 if TYPE_CHECKING:
     from .runtime import SessionRuntime

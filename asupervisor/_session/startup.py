@@ -19,16 +19,17 @@ from typing import TYPE_CHECKING, Any
 
 import anyio
 
-from .._checkpointing.checkpointer import Checkpointer, RestoreReport, RestoreSource
+from .._checkpointing.checkpointer import Checkpointer, RestoreReport
 from .._checkpointing.scratch import ScratchCheckpointer
 from .._cluster import Agreement
 from .._errors import WaitTimeout
+from .._kinds import JobKind, RestoreSource
 from .._log import log
 from .._logdir.files import is_own, remove_unfinished
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard, make_lock
 from .._logdir.store import Store
 from .._logdir.verify import unrestored
-from .._training.thread import Job, JobKind
+from .._training.thread import Job
 
 if TYPE_CHECKING:
     from .runtime import SessionRuntime

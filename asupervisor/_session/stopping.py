@@ -24,7 +24,6 @@ error came from decides what it means, not its text (``_runtime.classified``).
 from __future__ import annotations
 
 import contextlib
-import enum
 import threading
 import time
 from collections.abc import Callable
@@ -38,15 +37,6 @@ from .._outcome import StopReason
 from .._training.thread import LoopCaller, loop_caller
 
 ExcInfo = tuple[type[BaseException], BaseException, Any]
-
-
-class Phase(enum.Enum):
-    STARTING = "starting"
-    RUNNING = "running"
-    DRAINING = "draining"
-    FINISHING = "finishing"
-    CLOSING = "closing"
-    CLOSED = "closed"
 
 
 def end_of_data_types() -> tuple[type[BaseException], ...]:

@@ -21,7 +21,6 @@ runs no hook, saves nothing and asks for no stop.
 
 from __future__ import annotations
 
-import enum
 import queue
 import threading
 import time
@@ -33,6 +32,7 @@ import anyio
 import anyio.lowlevel
 
 from .._errors import SessionClosed
+from .._kinds import JobKind
 
 LoopCaller = Callable[[Callable[[], object]], None]
 
@@ -58,16 +58,6 @@ def loop_caller() -> LoopCaller:
             pass
 
     return call
-
-
-class JobKind(enum.Enum):
-    """What a job on the training thread is, for the grace period, the watchdog and logs."""
-
-    STEP = "step"  # run, train, fit: steps with their hooks
-    CALL = "call"  # sess.call: the user's function, no step counted
-    SAVE = "save"  # a checkpoint asked for by a service or the user
-    HOLD = "hold"  # between_steps: the thread waits for the loop, doing nothing
-    INTERNAL = "internal"  # the session's own work: start-up, the final save, a drain
 
 
 class Job:
@@ -324,7 +314,3 @@ class TrainingThread:
 def describe(fn: Any) -> str:
     """A function's name for errors and logs (``Pair.step``), or its repr."""
     return getattr(fn, "__qualname__", None) or repr(fn)
-
-
-# The name the write guard and the checkpointer use for "this session may not write".
-Fenced = SessionClosed
