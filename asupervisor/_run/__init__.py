@@ -1,0 +1,1 @@
+"""`asupervisor run`: the process supervisor, and the warm standby's program."""
