@@ -72,5 +72,6 @@ def write(name: str, rows: list[dict[str, Any]], **extra: Any) -> Path:
     }
     path = RESULTS / f"{name}.json"
     path.write_text(json.dumps(payload, indent=1) + "\n")
-    print(f"figures written to {path.relative_to(ROOT)}", file=sys.stderr)
+    where = path.relative_to(ROOT) if path.is_relative_to(ROOT) else path
+    print(f"figures written to {where}", file=sys.stderr)
     return path

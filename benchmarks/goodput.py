@@ -339,12 +339,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for system in systems:
         c, f = clean[system], faulted[system]
-        if f.finished:
-            done = "yes"
-        elif f.hung_at is not None:
-            done = f"**no**: hung at {f.hung_at:.0f} s, charged {f.wall:.0f} s"
-        else:
-            done = f"**no**: not finished when cut at {f.wall:.0f} s"
+        done = finished(f).replace("no:", "**no**:", 1)
         recoveries = ", ".join(f"{kind} {secs:.1f}" for kind, secs in f.recoveries)
         print(
             f"| {names[system]} | {c.wall:.0f} s, {c.rate:.1f} | {f.wall:.0f} s, {f.rate:.1f} | "
@@ -353,6 +348,15 @@ def main() -> None:
         )
     print(f"\nlogs: {keep}")
     write_results(args, schedule, clean, faulted, names)
+
+
+def finished(result: Result) -> str:
+    """Whether a run under faults finished without a person, and if not, how it ended."""
+    if result.finished:
+        return "yes"
+    if result.hung_at is not None:
+        return f"no: hung at {result.hung_at:.0f} s, charged {result.wall:.0f} s"
+    return f"no: not finished when cut at {result.wall:.0f} s"
 
 
 def write_results(
@@ -369,12 +373,6 @@ def write_results(
     rows = []
     for system, c in clean.items():
         f = faulted[system]
-        if f.finished:
-            done = "yes"
-        elif f.hung_at is not None:
-            done = f"no: hung at {f.hung_at:.0f} s, charged {f.wall:.0f} s"
-        else:
-            done = f"no: not finished when cut at {f.wall:.0f} s"
         rows.append(
             {
                 "system": names[system],
@@ -384,7 +382,7 @@ def write_results(
                 "with faults: productive steps/s": round(f.rate, 1),
                 "goodput % (vs the fault-free run)": round(100 * f.rate / c.rate, 1),
                 "goodput %, same run (drift-free)": round(100 * f.own_goodput, 1),
-                "finished without a person": done,
+                "finished without a person": finished(f),
                 "seconds to train again after each fault": [
                     f"{kind} {secs:.1f}" for kind, secs in f.recoveries
                 ],

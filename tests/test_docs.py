@@ -382,15 +382,15 @@ def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
     bin_dir = Path(sys.executable).parent  # asupervisor and python, as a venv's PATH has them
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("PYTHONPATH", None)
-    shell = subprocess.run(
-        ["bash", "-c", first.text],
-        cwd=tmp_path,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        start_new_session=True,  # its own process group: nothing of it outlives the test
-    )
+
+    def bash(block: Block, **options: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", block.text], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=300, check=False, **options,
+        )  # fmt: skip
+
+    # Its own process group: nothing the recipe starts outlives the test.
+    shell = bash(first, start_new_session=True)
     assert shell.returncode == 0 and shell.stderr == "", shell.stderr
     pid = int((tmp_path / "runs" / "x.pid").read_text())
     group = os.getpgid(pid)
@@ -404,15 +404,7 @@ def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
                 return False
 
         _wait("the first step", training, timeout=300)
-        done = subprocess.run(
-            ["bash", "-c", then.text],
-            cwd=tmp_path,
-            env=env,
-            capture_output=True,
-            text=True,
-            timeout=300,
-            check=False,
-        )
+        done = bash(then)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "heartbeat:" in done.stdout, done.stdout  # inspect saw the running session
 
