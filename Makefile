@@ -9,7 +9,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-$(shell cat pyproject.toml | cksum | cut -d' ' -f1)
 
-.PHONY: demo fit multiworker test fuzz lint bench docs clean
+.PHONY: demo fit multiworker test fuzz lint bench faults docs clean
 
 $(STAMP): pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -36,6 +36,9 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py
 
+# Every benchmark the docs show a table of (docs/_hooks/measured.py names them), then
+# their tables written into the pages. Long: peers, multiworker and goodput take a while;
+# run them on a quiet machine.
 bench: $(STAMP)
 	$(PY) benchmarks/peers.py
 	$(PY) benchmarks/step_overhead.py
@@ -44,8 +47,18 @@ bench: $(STAMP)
 	$(PY) benchmarks/restart_latency.py
 	$(PY) benchmarks/close_stall.py
 	$(PY) benchmarks/fit_overhead.py
+	$(PY) benchmarks/fit_interruptions.py --trials 5
 	$(PY) benchmarks/multiworker.py
 	$(PY) benchmarks/object_store.py
+	$(PY) benchmarks/evaluation_hold.py
+	$(PY) benchmarks/goodput.py
+	$(PY) docs/_hooks/measured.py
+
+# The fault report of docs/shutdowns.md: SIGKILLs at random moments and every fault, on
+# real processes (5 to 10 minutes), then its table written into the page.
+faults: $(STAMP)
+	$(PY) tests/faults/run_report.py
+	$(PY) docs/_hooks/measured.py
 
 # The documentation site; any warning (a broken link, a docstring that does not render,
 # a benchmark table that cannot be written) fails the build.

@@ -7,6 +7,8 @@ private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
 
 from __future__ import annotations
 
+from importlib import metadata as _metadata
+
 from ._checkpointing.checkpointer import RestoreReport
 from ._errors import (
     CheckpointMismatchError,
@@ -35,7 +37,11 @@ from ._supervisor import Supervisor
 from ._training.divergence import Rollback
 from ._training.hooks import Hook, RunContext
 
-__version__ = "0.1.0"
+# One source of truth: the version in pyproject.toml, as installed.
+try:
+    __version__: str = _metadata.version("asupervisor")
+except _metadata.PackageNotFoundError:  # pragma: no cover - a source tree never installed
+    __version__ = "0+unknown"
 
 __all__ = [
     "CheckpointMismatchError",
@@ -78,6 +84,6 @@ for _name in __all__:
     _obj = globals().get(_name)
     if isinstance(_obj, type) or callable(_obj):
         _obj.__module__ = __name__
-del _name, _obj, annotations  # the __future__ import is not part of the API
+del _name, _obj, _metadata, annotations  # not part of the API
 
 from . import hooks, services  # noqa: E402  (they use the names above)

@@ -1,15 +1,17 @@
 """The library's one logger: structured events that go where the application says.
 
 asupervisor never configures logging or structlog. Each event has a ``noun.verb``
-name and key=value fields, and goes:
+name and key=value fields. The level of the standard library logger ``asupervisor``
+decides which events are emitted, in every set-up (unset, it is the root logger's:
+WARNING unless the application chose another). An event that passes it goes:
 
 - through the application's structlog configuration, if it configured structlog
-  (its processors and renderer format the event);
-- otherwise through the standard library logger ``asupervisor``, as one line
-  ``event key=value ...`` with the event and its fields also on the record
-  (``record.asupervisor_event``, ``record.asupervisor_fields``) for structured
-  handlers. ``logging.basicConfig(level=logging.INFO)`` shows them; an application
-  that configured nothing sees warnings and errors only (Python's last resort).
+  (its processors and renderer format the event; with structlog on top of the
+  standard library, through the ``asupervisor`` logger and its handlers);
+- otherwise through the logger ``asupervisor``, as one line ``event key=value ...``
+  with the event and its fields also on the record (``record.asupervisor_event``,
+  ``record.asupervisor_fields``) for structured handlers. An application that
+  configured nothing sees warnings and errors only (Python's last resort).
 """
 
 from __future__ import annotations
@@ -55,7 +57,7 @@ class EventLogger:
         # A log call must never break training or a stop: an output pipe closed
         # under a piped run (`make demo | tee log`, then Ctrl-C) makes it raise.
         try:
-            if not structlog.is_configured() and not _stdlib.isEnabledFor(level):
+            if not _stdlib.isEnabledFor(level):  # the one level, whatever the set-up
                 return
             for callback in list(self._before):
                 callback()
@@ -67,8 +69,6 @@ class EventLogger:
         if structlog.is_configured():
             method = logging.getLevelName(level).lower()
             getattr(structlog.get_logger("asupervisor"), method)(event, **fields)
-            return
-        if not _stdlib.isEnabledFor(level):
             return
         exc_info = fields.pop("exc_info", None)
         _stdlib.log(

@@ -18,7 +18,7 @@ from ._checkpointing.root import user_checkpoint
 from ._cluster import Role, multi_worker_role
 from ._logdir.retention import KeepBest
 from ._logdir.store import is_object_store, no_file_system
-from ._session.coordinator import Coordinator
+from ._session.coordinator import Coordinator, SessionCoordinator
 from ._session.managed import ManagedSession
 from ._session.services import Registration, register
 from ._session.signals import check_stop_signals
@@ -105,7 +105,7 @@ class Supervisor:
         # The user's checkpoint object, read at each save (what it holds *then* is saved).
         self.checkpoint = user_checkpoint(checkpoint, self.global_step)
         self._services: list[Registration] = []
-        self._coord = Coordinator()  # one for the Supervisor's life, as TF1's sv.coord
+        self._coord = SessionCoordinator()  # one for the Supervisor's life, as TF1's sv.coord
         self._runtime: SessionRuntime | None = None  # the open session's, else the last one's
         self._open = False
         self._frozen = True

@@ -12,6 +12,7 @@ import os
 import sys
 from collections.abc import Sequence
 
+from . import __version__
 from ._cli import evaluate as _evaluate_cli
 from ._cli.inspect import render
 from ._cli.run import add_commands
@@ -35,6 +36,7 @@ def _parser() -> argparse.ArgumentParser:
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect = commands.add_parser(
         "inspect",

@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import logging
 import os
 import shutil
 import statistics
@@ -234,6 +235,7 @@ SAVERS = ("tf sync", "tf async", "asv sync", "asv async")
 async def savers(big: Big, root: str, names: Sequence[str]) -> AsyncIterator[list[Saver]]:
     """The savers named, each over its own directory; the supervised ones in a session."""
     made: list[Saver] = []
+    logging.getLogger("asupervisor").setLevel(logging.INFO)  # checkpoint.saved is read below
     with structlog.testing.capture_logs() as events:
         async with contextlib.AsyncExitStack() as stack:
             for name in names:

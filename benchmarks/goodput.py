@@ -339,12 +339,7 @@ def main() -> None:
     print("|---|---|---|---|---|---|---|")
     for system in systems:
         c, f = clean[system], faulted[system]
-        if f.finished:
-            done = "yes"
-        elif f.hung_at is not None:
-            done = f"**no**: hung at {f.hung_at:.0f} s, charged {f.wall:.0f} s"
-        else:
-            done = f"**no**: not finished when cut at {f.wall:.0f} s"
+        done = finished(f).replace("no:", "**no**:", 1)
         recoveries = ", ".join(f"{kind} {secs:.1f}" for kind, secs in f.recoveries)
         print(
             f"| {names[system]} | {c.wall:.0f} s, {c.rate:.1f} | {f.wall:.0f} s, {f.rate:.1f} | "
@@ -355,6 +350,15 @@ def main() -> None:
     write_results(args, schedule, clean, faulted, names)
 
 
+def finished(result: Result) -> str:
+    """Whether a run under faults finished without a person, and if not, how it ended."""
+    if result.finished:
+        return "yes"
+    if result.hung_at is not None:
+        return f"no: hung at {result.hung_at:.0f} s, charged {result.wall:.0f} s"
+    return f"no: not finished when cut at {result.wall:.0f} s"
+
+
 def write_results(
     args: argparse.Namespace,
     schedule: list[tuple[float, str]],
@@ -362,35 +366,35 @@ def write_results(
     faulted: dict[str, Result],
     names: dict[str, str],
 ) -> None:
-    """The figures the docs' "measured" page shows, so that no table is copied by hand."""
+    """The figures the docs show (``benchmarks/results/goodput.json``), so that no table
+    is copied by hand."""
+    from _results import write
+
     rows = []
     for system, c in clean.items():
         f = faulted[system]
         rows.append(
             {
                 "system": names[system],
-                "clean_wall_s": round(c.wall, 1),
-                "clean_steps_per_s": round(c.rate, 1),
-                "faulted_wall_s": round(f.wall, 1),
-                "faulted_steps_per_s": round(f.rate, 1),
-                "goodput_pct": round(100 * f.rate / c.rate, 1),
-                "goodput_same_run_pct": round(100 * f.own_goodput, 1),
-                "finished": f.finished,
-                "recoveries": [[kind, round(secs, 1)] for kind, secs in f.recoveries],
+                "fault-free: wall s": round(c.wall, 1),
+                "fault-free: steps/s": round(c.rate, 1),
+                "with faults: wall s": round(f.wall, 1),
+                "with faults: productive steps/s": round(f.rate, 1),
+                "goodput % (vs the fault-free run)": round(100 * f.rate / c.rate, 1),
+                "goodput %, same run (drift-free)": round(100 * f.own_goodput, 1),
+                "finished without a person": finished(f),
+                "seconds to train again after each fault": [
+                    f"{kind} {secs:.1f}" for kind, secs in f.recoveries
+                ],
             }
         )
-    out = ROOT / "benchmarks" / "results" / "goodput.json"
-    out.parent.mkdir(exist_ok=True)
-    payload = {
-        "benchmark": "goodput",
-        "command": "python benchmarks/goodput.py " + " ".join(sys.argv[1:]),
-        "steps": args.steps,
-        "save_steps": args.save_steps,
-        "faults": [[kind, round(at)] for at, kind in schedule],
-        "rows": rows,
-    }
-    out.write_text(json.dumps(payload, indent=1) + "\n")
-    print(f"results: {out}")
+    write(
+        "goodput",
+        rows,
+        steps=args.steps,
+        save_steps=args.save_steps,
+        faults=[[kind, round(at)] for at, kind in schedule],
+    )
 
 
 if __name__ == "__main__":

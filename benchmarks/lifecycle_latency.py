@@ -70,11 +70,12 @@ def bare_restore(megabytes: int, logdir: str) -> float:
 
 STOP_TRAINER = textwrap.dedent(
     """
-    import sys, time, anyio, structlog, tensorflow as tf
+    import logging, sys, time, anyio, structlog, tensorflow as tf
     import asupervisor as asv
     structlog.configure(processors=[structlog.processors.TimeStamper(fmt=None),
                                     structlog.processors.JSONRenderer()],
                         logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.getLogger("asupervisor").setLevel(logging.INFO)
     w = tf.Variable(tf.zeros([int(sys.argv[2]) * 262144]))
 
     @tf.function

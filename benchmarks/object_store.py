@@ -29,6 +29,7 @@ TF renames by copy and delete) and the bytes uploaded.
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import shutil
 import statistics
@@ -81,6 +82,7 @@ async def saves(logdir: str, megabytes: float, async_write: bool) -> list[dict[s
     """Two saves after the first (the session's own at its start): their events. Each
     is written before the next step, so that no save waits for the one before."""
     model = Model(megabytes)
+    logging.getLogger("asupervisor").setLevel(logging.INFO)  # checkpoint.saved is read below
     with structlog.testing.capture_logs() as events:
 
         def saved() -> int:

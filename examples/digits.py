@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import gc
+import logging
 import os
 import sys
 import time
@@ -104,6 +105,7 @@ def configure_logging() -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(20),  # info and above
     )
+    logging.getLogger("asupervisor").setLevel(logging.INFO)  # the library's level decides
 
 
 def load_data(tf: Any, batch_size: int) -> tuple[Any, tuple[Any, Any]]:

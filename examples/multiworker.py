@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import gc
 import json
+import logging
 import os
 import signal
 import socket
@@ -176,6 +177,7 @@ def configure_logging(worker: str) -> None:
         ],
         wrapper_class=structlog.make_filtering_bound_logger(20),  # info and above
     )
+    logging.getLogger("asupervisor").setLevel(logging.INFO)  # the library's level decides
 
 
 class Training:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -63,9 +64,15 @@ def object_store(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture
 def events() -> Iterator[list[dict[str, Any]]]:
-    """The library's structured log events, captured."""
-    with structlog.testing.capture_logs() as logs:
-        yield logs
+    """The library's structured log events, every level, captured."""
+    library = logging.getLogger("asupervisor")
+    level = library.level
+    library.setLevel(logging.DEBUG)  # the library's logger decides what is emitted
+    try:
+        with structlog.testing.capture_logs() as logs:
+            yield logs
+    finally:
+        library.setLevel(level)
 
 
 class Pair(tf.Module):

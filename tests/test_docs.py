@@ -10,11 +10,17 @@
 The line before a block may say how to treat it:
 `<!-- docs-test: skip (REASON) -->` (a reason is required), `<!-- docs-test: parse -->`
 (a python block is compiled, not run), `<!-- docs-test: continue -->` (a python block is
-run joined to the previous python block of the same page).
+run joined to the previous python block of the same page), `<!-- docs-test: run (HOW) -->`
+(a shell block that a test of its own below runs for real, as HOW says).
+
+The pages speak to a user: no issue numbers, no "this machine" (and for the guide pages,
+no "the contract" nor where the project once was), and their measured tables are current
+with the results files.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -22,6 +28,7 @@ import shlex
 import subprocess
 import sys
 import textwrap
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -92,11 +99,14 @@ def test_every_block_says_what_it_is_and_every_skip_says_why() -> None:
     assert len(ALL) > 10, "the block finder found almost nothing"
     for block in ALL:
         assert block.lang in CODE | {"text"}, f"{block.where}: a block without a known language"
-        assert block.marker in (None, "skip", "parse", "continue"), block.where
+        assert block.marker in (None, "skip", "parse", "continue", "run"), block.where
         if block.marker == "skip":
             assert block.reason and block.reason.strip(), f"{block.where}: a skip with no reason"
         if block.marker in ("parse", "continue"):
             assert block.lang == "python", f"{block.where}: {block.marker} is for python blocks"
+        if block.marker == "run":
+            assert block.lang in SHELL, f"{block.where}: run is for shell blocks"
+            assert block.where in RUN_BLOCKS, f"{block.where}: no test runs this block"
 
 
 def test_yaml_blocks_parse() -> None:
@@ -209,14 +219,118 @@ def test_the_measured_tables_come_from_the_results_files(tmp_path: Path) -> None
     hook = load_hook()
     missing = hook.render("step_overhead", tmp_path)
     assert missing == "*Not measured yet: run `python benchmarks/step_overhead.py`.*"
+    page = "Intro:\n\n<!-- measured: step_overhead -->\n\nMore.\n"
+    filled = hook.fill(page, tmp_path)
+    assert filled == (
+        "Intro:\n\n<!-- measured: step_overhead -->\n\n"
+        "*Not measured yet: run `python benchmarks/step_overhead.py`.*\n\n"
+        "<!-- /measured -->\n\nMore.\n"
+    )
     (tmp_path / "step_overhead.json").write_text(
         json.dumps(
-            {"command": "python benchmarks/step_overhead.py --rounds 3", "rows": [{"a": 1.5}]}
+            {
+                "command": "python benchmarks/step_overhead.py --rounds 3",
+                "date": "2030-01-02 03:04 UTC",
+                "commit": "0123456789",
+                "rows": [{"a": 1.5, "ok": True}],
+            }
         )
     )
     table = hook.render("step_overhead", tmp_path)
-    assert table.startswith("Measured by `python benchmarks/step_overhead.py --rounds 3`")
-    assert "| a |\n|---|\n| 1.50 |" in table
+    assert table.startswith(
+        "Measured by `python benchmarks/step_overhead.py --rounds 3` on 2030-01-02 03:04 UTC "
+        "at commit 0123456789:"
+    )
+    assert "| a | ok |\n|---|---|\n| 1.50 | yes |" in table
+    again = hook.fill(filled, tmp_path)  # the old table between the markers is replaced
+    assert again == hook.fill(page, tmp_path) and table in again
+    assert hook.fill(again, tmp_path) == again
+
+
+def test_the_measured_tables_in_the_pages_are_current() -> None:
+    """The tables are written into the markdown (so that GitHub shows them too):
+    `python docs/_hooks/measured.py` rewrites them after a benchmark ran."""
+    hook = load_hook()
+    stale = [str(p.relative_to(ROOT)) for p in PAGES if hook.fill(p.read_text()) != p.read_text()]
+    assert stale == [], f"not current (run `python docs/_hooks/measured.py`): {stale}"
+
+
+def make_target(name: str) -> list[str]:
+    """The commands of a Makefile target, ``$(PY)`` written ``python``."""
+    lines = (ROOT / "Makefile").read_text().split("\n")
+    start = next(i for i, line in enumerate(lines) if line.startswith(f"{name}:"))
+    commands = []
+    for line in lines[start + 1 :]:
+        if not line.startswith("\t"):
+            break
+        commands.append(line.strip().replace("$(PY)", "python"))
+    return commands
+
+
+def test_make_bench_and_make_faults_run_what_the_pages_show() -> None:
+    hook = load_hook()
+    ran = make_target("bench") + make_target("faults")
+    assert sorted(c for c in ran if "docs/_hooks" not in c) == sorted(hook.COMMANDS.values())
+    for target in ("bench", "faults"):  # and then write the tables into the pages
+        assert make_target(target)[-1] == "python docs/_hooks/measured.py", target
+
+
+# What a user page must not say: issue numbers, and where the project was written.
+EVERYWHERE = [
+    r"\bissues? #?\d+",  # issue 12
+    r"(?<!&)#\d+\b",  # #12, keras#12 (a link to the issue says what it is instead)
+    r"\bthis (?:machine|VM|vm|host|box)\b",
+    r"\b(?:measured|report|found|tested|run) here\b",
+    r"\bhere\)",  # (within a second here)
+    r"\bno cloud account\b",
+]
+# ... and, in the guide (every page but the API reference and the architecture, which are
+# for contributors), the project's own vocabulary and history.
+GUIDE_ONLY = [
+    r"\bthe (?:API )?contract\b",
+    r"\bwere found and removed\b",
+    r"\bpy-spy\b",
+    r"\bon the roadmap\b",
+    r"\bthis release\b",
+]
+CONTRIBUTORS = {"docs/API.md", "docs/ARCHITECTURE.md"}
+USER_PAGES = [*PAGES, ROOT / "CHANGELOG.md"]
+
+
+def wording_problems(text: str, guide: bool) -> list[str]:
+    found = []
+    for pattern in EVERYWHERE + (GUIDE_ONLY if guide else []):
+        for match in re.finditer(pattern, text, re.IGNORECASE):
+            found.append((match.start(), match.group(0)))
+    return [f"line {text.count(chr(10), 0, at) + 1}: {words!r}" for at, words in sorted(found)]
+
+
+def test_the_pages_speak_to_a_user() -> None:
+    problems = []
+    for page in USER_PAGES:
+        where = page.relative_to(ROOT).as_posix()
+        for problem in wording_problems(page.read_text(), guide=where not in CONTRIBUTORS):
+            problems.append(f"{where}: {problem}")
+    assert problems == []
+
+
+def test_the_wording_check_finds_what_it_looks_for() -> None:
+    text = (
+        "Fixed in issue 12 (#13, keras-team/keras#20585), measured here\n"
+        "on this machine (within a second here). See the contract.\n"
+        "[Measured](measured.md#checkpoint-stall), &#124; and step #x stay.\n"
+    )
+    found = wording_problems(text, guide=True)
+    assert [f.split(": ", 1)[1] for f in found] == [
+        "'issue 12'",
+        "'#13'",
+        "'#20585'",
+        "'measured here'",
+        "'this machine'",
+        "'here)'",
+        "'the contract'",
+    ]
+    assert len(wording_problems(text, guide=False)) == 6
 
 
 def test_every_benchmark_has_its_table_in_the_docs() -> None:
@@ -225,3 +339,86 @@ def test_every_benchmark_has_its_table_in_the_docs() -> None:
     scripts = {p.stem for p in (ROOT / "benchmarks").glob("*.py") if not p.stem.startswith("_")}
     assert scripts - {"goodput_trainer"} <= shown, "a benchmark whose figures the docs do not show"
     assert shown <= set(load_hook().COMMANDS)
+    assert set(load_hook().COMMANDS) <= shown, "a results file the docs do not show"
+
+
+# The recipe's blocks, run in order: the first starts a run in the background.
+RUN_BLOCKS = ["docs/shutdowns.md:" + str(b.line) for b in blocks(ROOT / "docs/shutdowns.md")
+              if b.marker == "run"]  # fmt: skip
+TRAIN = textwrap.dedent(
+    """
+    import argparse, sys
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--logdir", required=True)
+    logdir = parser.parse_args().logdir
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(logdir, checkpoint={"v": v}, save_model_secs=60)
+
+    async def main() -> None:
+        async with sv.session() as sess:
+            while True:
+                await sess.run(v.assign_add, 1.0)
+                await anyio.sleep(0.01)
+
+    sys.exit(asv.run(main))
+    """
+)
+
+
+def _wait(what: str, done: Any, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not done():
+        assert time.monotonic() < deadline, f"waited {timeout} s for {what}"
+        time.sleep(0.5)
+
+
+@pytest.mark.slow
+def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
+    first, then = [b for b in blocks(ROOT / "docs/shutdowns.md") if b.marker == "run"]
+    (tmp_path / "train.py").write_text(TRAIN)
+    bin_dir = Path(sys.executable).parent  # asupervisor and python, as a venv's PATH has them
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TF_CPP_MIN_LOG_LEVEL": "3"}
+    env.pop("PYTHONPATH", None)
+
+    def bash(block: Block, **options: Any) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            ["bash", "-c", block.text], cwd=tmp_path, env=env, capture_output=True, text=True,
+            timeout=300, check=False, **options,
+        )  # fmt: skip
+
+    # Its own process group: nothing the recipe starts outlives the test.
+    shell = bash(first, start_new_session=True)
+    assert shell.returncode == 0 and shell.stderr == "", shell.stderr
+    pid = int((tmp_path / "runs" / "x.pid").read_text())
+    group = os.getpgid(pid)
+    beat = tmp_path / "runs" / "x" / ".asupervisor.heartbeat"
+    try:
+
+        def training() -> bool:
+            try:
+                return bool(json.loads(beat.read_text()).get("first_step_done"))
+            except (OSError, ValueError):
+                return False
+
+        _wait("the first step", training, timeout=300)
+        done = bash(then)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert "heartbeat:" in done.stdout, done.stdout  # inspect saw the running session
+
+        def ended() -> bool:
+            try:
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                return True
+            return False
+
+        _wait("the supervisor's exit", ended, timeout=300)
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(group, 9)
+    log = (tmp_path / "runs" / "x.log").read_text()
+    assert "run.ended status='42 (preempted)'" in log, log[-3000:]
+    assert list((tmp_path / "runs" / "x").glob("model.ckpt-*.index")), log[-3000:]

@@ -102,11 +102,12 @@ def test_a_second_sigint_stops_at_once_without_a_final_save(tmp_path: Path) -> N
 
 PIPED_RUN = textwrap.dedent(
     """
-    import os, sys
+    import logging, os, sys
     import anyio, structlog, tensorflow as tf
     import asupervisor as asv
 
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stdout))
+    logging.getLogger("asupervisor").setLevel(logging.INFO)
     v = tf.Variable(0.0)
 
     async def main() -> None:

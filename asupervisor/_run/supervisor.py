@@ -126,7 +126,7 @@ def shell_status(returncode: int) -> int:
 
 
 def describe_status(status: int) -> str:
-    if status > 128 and status - 128 in signal.Signals._value2member_map_:
+    if status > 128 and status - 128 in {s.value for s in signal.Signals}:
         return f"{status} ({signal.Signals(status - 128).name})"
     return f"{status} ({outcome_of(status).value})"
 

@@ -98,14 +98,17 @@ class Coordinator:
         if self._flag.error is not None:
             raise self._flag.error
 
-    # -- the session that uses it (the Supervisor's runtime) ---------------------------
 
-    def _open_session(self, route: Callable[[BaseException | None], None]) -> StopFlag:
+class SessionCoordinator(Coordinator):
+    """The Supervisor's coordinator (``sv.coord``): the public one, plus the hand-over
+    to each session, whose one stop path its stops go through while the session runs."""
+
+    def open_session(self, route: Callable[[BaseException | None], None]) -> StopFlag:
         """A session begins: the stop is cleared, and stops go through ``route`` until
-        ``_close_session``. Returns the flag the session stops by."""
+        ``close_session``. Returns the flag the session stops by."""
         self._flag.clear()
         self._route = route
         return self._flag
 
-    def _close_session(self) -> None:
+    def close_session(self) -> None:
         self._route = None

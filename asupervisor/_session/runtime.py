@@ -57,7 +57,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 if TYPE_CHECKING:
     from .._cluster import Agreement
     from .._supervisor import Supervisor
-    from .coordinator import Coordinator
+    from .coordinator import SessionCoordinator
     from .managed import ManagedSession
 
 POLL_SECS = 0.05  # how often the grace watcher looks at the job in flight
@@ -66,12 +66,12 @@ POLL_SECS = 0.05  # how often the grace watcher looks at the job in flight
 class SessionRuntime:
     """Runs one session of a Supervisor from entry to exit."""
 
-    def __init__(self, sv: Supervisor, coord: Coordinator) -> None:
+    def __init__(self, sv: Supervisor, coord: SessionCoordinator) -> None:
         from .managed import ManagedSession
 
         self.sv = sv  # configuration only: read, never written
         self.coord = coord
-        self.flag = coord._open_session(self.report_stop)
+        self.flag = coord.open_session(self.report_stop)
         self.phase = Phase.STARTING
         self.caller = loop_caller()
         self.thread = TrainingThread(self.caller)

@@ -57,7 +57,7 @@ async def close(rt: SessionRuntime) -> None:
     await _off_loop(rt.guard.close, wait)  # an object store's lease: I/O, off the loop
     if rt.stuck is None and not rt.interrupted:
         await _off_loop(rt.thread.join, wait, wait)
-    rt.coord._close_session()
+    rt.coord.close_session()
     rt.enter(Phase.CLOSED)
     if rt.outcome is not None:
         _exit.ended(rt.outcome, rt.flag.error)

@@ -146,17 +146,19 @@ def seed_generators(roots: Iterable[Any]) -> list[Any]:
     found: list[Any] = []
     seen: set[int] = set()
 
-    def add(generator: Any) -> None:
-        if id(generator) not in seen:
-            seen.add(id(generator))
-            found.append(generator.state.value)
+    def add_state(state: Any) -> None:  # a generator's Keras variable
+        if id(state) not in seen:
+            seen.add(id(state))
+            found.append(state.value)
 
     for root in roots:
         if isinstance(root, keras.random.SeedGenerator):
-            add(root)
+            add_state(root.state)
         elif isinstance(root, keras.layers.Layer):
-            for layer in root._flatten_layers():  # Keras' own walk of nested layers
-                for value in vars(layer).values():
-                    if isinstance(value, keras.random.SeedGenerator):
-                        add(value)
+            # Keras documents `variables` as `weights` plus the SeedGenerators' states,
+            # of the layer and of every layer nested in it.
+            weights = {id(w) for w in root.weights}
+            for variable in root.variables:
+                if id(variable) not in weights:
+                    add_state(variable)
     return found

@@ -63,7 +63,10 @@ def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | No
         return {n for n in store.names() if n.startswith("events.out.tfevents.")}
 
     before = events()
-    writer = tf.summary.create_file_writer(store.root, **writer_options(store))
+    # Trackable: its resource handle is public, and a lost file is renewed under it.
+    writer = tf.summary.create_file_writer(
+        store.root, experimental_trackable=True, **writer_options(store)
+    )
     writer.flush()
     new = events() - before
     return writer, (new.pop() if len(new) == 1 else None)
@@ -140,8 +143,7 @@ class EventsFile:
 
         lost = self.path
         writer: Any = self.writer
-        # TF names the writer's resource only privately; it is what traced steps hold.
-        handle = getattr(writer, "resource_handle", None) or writer._resource
+        handle = writer.resource_handle  # what traced steps hold (a trackable writer's)
         before = set(store.names())
         with contextlib.suppress(tf.errors.OpError):  # the old file is gone: flush may fail
             tf.raw_ops.CloseSummaryWriter(writer=handle)

@@ -1,23 +1,32 @@
-"""An mkdocs hook: the "Measured" page's tables come from benchmarks/results/*.json.
+"""The measured tables of the docs come from ``benchmarks/results/*.json``.
 
-A line `<!-- measured: NAME -->` in a page is replaced at build time by the table of
-`benchmarks/results/NAME.json` (written by `benchmarks/_results.py`, or by goodput.py in
-its own schema), headed by the command that produced it; without the file, the line says
-"not measured yet" with the command to run.
+In a page, the lines between ``<!-- measured: NAME -->`` and ``<!-- /measured -->`` are
+the table of ``benchmarks/results/NAME.json`` (written by ``benchmarks/_results.py``),
+headed by the command that produced it, its date, commit and machine; without the file,
+they say "not measured yet" with the command to run. The tables are written into the
+markdown itself, so that the pages read the same on GitHub as on the site:
+
+    python docs/_hooks/measured.py            # rewrite the tables from the results files
+    python docs/_hooks/measured.py --check    # exit 1 if a page is not current
+
+``make bench`` runs it after the benchmarks; ``tests/test_docs.py`` checks that every page
+is current. As an mkdocs hook it fills the same tables at build time.
 """
 
 from __future__ import annotations
 
 import json
 import re
+import sys
 from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 RESULTS = ROOT / "benchmarks" / "results"
-MARKER = re.compile(r"^<!-- measured: ([\w-]+) -->$", re.MULTILINE)
+START = re.compile(r"^<!-- measured: ([\w-]+) -->$")
+END = "<!-- /measured -->"
 
-# The command each benchmark is run with when it has not written its results yet.
+# The command each results file is written by (`make bench` and `make faults` run them).
 COMMANDS = {
     "peers": "python benchmarks/peers.py",
     "step_overhead": "python benchmarks/step_overhead.py",
@@ -31,10 +40,17 @@ COMMANDS = {
     "object_store": "python benchmarks/object_store.py",
     "evaluation_hold": "python benchmarks/evaluation_hold.py",
     "goodput": "python benchmarks/goodput.py",
+    "fault_report": "python tests/faults/run_report.py",
 }
 
 
+def pages() -> list[Path]:
+    return [ROOT / "README.md", *sorted((ROOT / "docs").rglob("*.md"))]
+
+
 def _cell(value: Any) -> str:
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):  # fixed point, never an exponent
         size = abs(value)
         digits = (
@@ -68,6 +84,8 @@ def render(name: str, results: Path = RESULTS) -> str:
     head = [f"Measured by `{data.get('command', command)}`"]
     if data.get("date"):
         head.append(f"on {data['date']}")
+    if data.get("commit"):
+        head.append(f"at commit {data['commit']}")
     if data.get("machine"):
         head.append(f"({data['machine']})")
     notes = [" ".join(head) + ":", ""]
@@ -76,5 +94,44 @@ def render(name: str, results: Path = RESULTS) -> str:
     return "\n".join(notes) + "\n" + _table(list(data.get("rows", [])))
 
 
+def fill(markdown: str, results: Path = RESULTS) -> str:
+    """``markdown`` with each measured table written from its results file (a start
+    marker without its end gets one)."""
+    lines = markdown.split("\n")
+    out: list[str] = []
+    i = 0
+    while i < len(lines):
+        start = START.match(lines[i])
+        if start is None:
+            out.append(lines[i])
+            i += 1
+            continue
+        end = i + 1
+        while end < len(lines) and lines[end] != END and not START.match(lines[end]):
+            end += 1
+        out += [lines[i], "", render(start[1], results), "", END]
+        i = end + 1 if end < len(lines) and lines[end] == END else i + 1
+    return "\n".join(out)
+
+
 def on_page_markdown(markdown: str, **_: Any) -> str:
-    return MARKER.sub(lambda m: render(m.group(1)), markdown)
+    return fill(markdown)
+
+
+def main(argv: list[str]) -> int:
+    stale = []
+    for page in pages():
+        text = page.read_text()
+        filled = fill(text)
+        if filled != text:
+            stale.append(page.relative_to(ROOT).as_posix())
+            if "--check" not in argv:
+                page.write_text(filled)
+    if stale:
+        verb = "not current" if "--check" in argv else "rewritten"
+        print(f"measured tables {verb}: {', '.join(stale)}", file=sys.stderr)
+    return 1 if stale and "--check" in argv else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

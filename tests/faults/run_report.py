@@ -1,10 +1,12 @@
 """The fault report: N SIGKILLs at random moments, a SIGTERM, and every fault, on real processes.
 
-    python tests/faults/run_report.py              # 50 kills (about 5 minutes here)
+    python tests/faults/run_report.py              # 50 kills (5 to 10 minutes)
     python tests/faults/run_report.py --kills 10
 
 Every row runs tests/faults/trainer.py in subprocesses, then checks the logdir:
-every checkpoint on disk must read back whole and hold one step boundary.
+every checkpoint on disk must read back whole and hold one step boundary. A full run
+(no --only) writes benchmarks/results/fault_report.json, the table of
+docs/shutdowns.md (``python docs/_hooks/measured.py`` writes it into the page).
 """
 
 from __future__ import annotations
@@ -20,10 +22,14 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))  # _results: where measured tables are written
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
-from tests.faults.harness import Trainer, checkpoint_problems, kill_trials
+from _results import write  # noqa: E402
+
+from tests.faults.harness import Trainer, checkpoint_problems, kill_trials  # noqa: E402
 
 SAVE_STEPS = 5
 
@@ -32,7 +38,7 @@ SAVE_STEPS = 5
 class Row:
     scenario: str
     trials: int
-    resumed: int
+    resumed: int | None  # None: the scenario does not resume
     lost: str
     corrupt: int
     outcome: str
@@ -53,7 +59,7 @@ def expect_failure(
     return f"exit {code}: {words[0]}"
 
 
-def scenario(name: str, body: Callable[[str], tuple[int, int, str, str]]) -> Row:
+def scenario(name: str, body: Callable[[str], tuple[int, int | None, str, str]]) -> Row:
     with tempfile.TemporaryDirectory() as scratch:
         logdir = os.path.join(scratch, "run")
         started = time.monotonic()
@@ -64,8 +70,8 @@ def scenario(name: str, body: Callable[[str], tuple[int, int, str, str]]) -> Row
         return Row(name, trials, resumed, lost, len(problems), outcome, time.monotonic() - started)
 
 
-def kills(n: int, seed: int, mode: str) -> Callable[[str], tuple[int, int, str, str]]:
-    def body(logdir: str) -> tuple[int, int, str, str]:
+def kills(n: int, seed: int, mode: str) -> Callable[[str], tuple[int, int | None, str, str]]:
+    def body(logdir: str) -> tuple[int, int | None, str, str]:
         extra = ["--megabytes", "16"] + (["--async"] if mode == "async" else [])
         report = kill_trials(logdir, n, seed, SAVE_STEPS, *extra)
         lost = f"{max(report.lost_steps)} (interval {SAVE_STEPS})"
@@ -76,7 +82,7 @@ def kills(n: int, seed: int, mode: str) -> Callable[[str], tuple[int, int, str, 
     return body
 
 
-def sigterm(logdir: str) -> tuple[int, int, str, str]:
+def sigterm(logdir: str) -> tuple[int, int | None, str, str]:
     run = Trainer(logdir, "--save-steps", str(SAVE_STEPS))
     run.wait_for(lambda: run.last_step >= 20)
     run.proc.send_signal(signal.SIGTERM)
@@ -93,12 +99,12 @@ def sigterm(logdir: str) -> tuple[int, int, str, str]:
     )
 
 
-def full_disk(logdir: str) -> tuple[int, int, str, str]:
+def full_disk(logdir: str) -> tuple[int, int | None, str, str]:
     outcome = expect_failure(logdir, "full-disk", ["CheckpointSaveError", "checkpoint.failed"])
-    return 1, 0, "-", outcome
+    return 1, None, "-", outcome
 
 
-def unwritable(logdir: str) -> tuple[int, int, str, str]:
+def unwritable(logdir: str) -> tuple[int, int | None, str, str]:
     os.makedirs(logdir)
     trainer_ready = Trainer(logdir, "--save-steps", str(SAVE_STEPS))
     trainer_ready.wait_for(lambda: trainer_ready.last_step >= 10)
@@ -108,10 +114,10 @@ def unwritable(logdir: str) -> tuple[int, int, str, str]:
     finally:
         subprocess.run(["chattr", "-i", logdir], check=True)
     ok = code != 0 and "CheckpointSaveError" in trainer_ready.stderr_text()
-    return 1, 0, "-", f"exit {code}: CheckpointSaveError" if ok else f"UNEXPECTED exit {code}"
+    return 1, None, "-", f"exit {code}: CheckpointSaveError" if ok else f"UNEXPECTED exit {code}"
 
 
-def corrupt_newest(logdir: str) -> tuple[int, int, str, str]:
+def corrupt_newest(logdir: str) -> tuple[int, int | None, str, str]:
     run = Trainer(logdir, "--save-steps", str(SAVE_STEPS), "--max-steps", "20")
     run.proc.wait(60)
     Path(logdir, "model.ckpt-20.data-00000-of-00001").write_bytes(b"torn")
@@ -129,14 +135,14 @@ def corrupt_newest(logdir: str) -> tuple[int, int, str, str]:
     )
 
 
-def fault(name: str, words: list[str]) -> Callable[[str], tuple[int, int, str, str]]:
-    def body(logdir: str) -> tuple[int, int, str, str]:
-        return 1, 0, "-", expect_failure(logdir, name, words)
+def fault(name: str, words: list[str]) -> Callable[[str], tuple[int, int | None, str, str]]:
+    def body(logdir: str) -> tuple[int, int | None, str, str]:
+        return 1, None, "-", expect_failure(logdir, name, words)
 
     return body
 
 
-def events_deleted(logdir: str) -> tuple[int, int, str, str]:
+def events_deleted(logdir: str) -> tuple[int, int | None, str, str]:
     run = Trainer(
         logdir,
         "--save-steps",
@@ -150,7 +156,7 @@ def events_deleted(logdir: str) -> tuple[int, int, str, str]:
     )
     code = run.proc.wait(120)
     replaced = "summary.file_lost" in run.stderr_text() and any(Path(logdir).glob("events.out.*"))
-    return 1, 0, "-", f"exit {code}, new events file" if replaced and code == 0 else "UNEXPECTED"
+    return 1, None, "-", f"exit {code}, new events file" if replaced and code == 0 else "UNEXPECTED"
 
 
 def main() -> None:
@@ -181,13 +187,28 @@ def main() -> None:
     )
     print(header)
     print("|" + "|".join("-" * (len(c)) for c in header.split("|")[1:-1]) + "|")
+    rows = []
     for name, body in scenarios:
         row = scenario(name, body)
+        resumed = "-" if row.resumed is None else row.resumed
         print(
-            f"| {row.scenario:<28} | {row.trials:>6} | {row.resumed:>7} | {row.lost:>16} | "
+            f"| {row.scenario:<28} | {row.trials:>6} | {resumed:>7} | {row.lost:>16} | "
             f"{row.corrupt:>13} | {row.outcome:<44} | {row.seconds:>7.1f} |",
             flush=True,
         )
+        rows.append(
+            {
+                "scenario": row.scenario,
+                "trials": row.trials,
+                "resumed": resumed,
+                "lost steps (max)": row.lost,
+                "corrupt checkpoints": row.corrupt,
+                "outcome": row.outcome,
+                "seconds": round(row.seconds, 1),
+            }
+        )
+    if args.only is None:  # the docs show the whole report only
+        write("fault_report", rows, kills=args.kills, async_kills=async_kills, seed=args.seed)
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ It prints one line per event, flushed at once, so that a harness can follow it:
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import resource
 import signal
@@ -121,4 +122,5 @@ async def main(args: argparse.Namespace) -> None:
 
 if __name__ == "__main__":
     structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
+    logging.getLogger("asupervisor").setLevel(logging.DEBUG)  # every event, for the harness
     sys.exit(asv.run(main, parse()))  # the exit status says how it ended (preempted: 42)
