@@ -190,14 +190,14 @@ class SessionRuntime:
     def job_failed(self, exc: BaseException) -> BaseException:
         """Training thread: what a user's job (a step, its hooks, a call, fit) raised,
         classified here, once, by where it came from: the user's code ran out of data
-        (``StopIteration``, TF's ``OutOfRangeError``), unless the session's own events
-        file fails (a full disk reports ``OutOfRangeError`` too). Any other error goes to
-        the waiter as it is, the same object: the body decides. Returns what the waiter
-        gets: a ``StopIteration`` cannot cross into a coroutine (PEP 479), so it arrives
-        as TF's end-of-data error."""
+        (``StopIteration``, TF's ``OutOfRangeError``), unless events could not be
+        written (a full disk reports ``OutOfRangeError`` too: ``EventsFile.failed``).
+        Any other error goes to the waiter as it is, the same object: the body decides.
+        Returns what the waiter gets: a ``StopIteration`` cannot cross into a coroutine
+        (PEP 479), so it arrives as TF's end-of-data error."""
         if isinstance(exc, SessionClosed) or not isinstance(exc, end_of_data_types()):
             return exc
-        if not self.events.writable():
+        if self.events.failed(exc):
             self.fail(exc)  # a write failed: not the end of the data
             return exc
         self.request_stop(None, StopReason.END_OF_DATA)

@@ -14,6 +14,8 @@ from .._logdir.store import Store
 if TYPE_CHECKING:
     import tensorflow as tf
 
+EVENTS_FILE = "events.out.tfevents."  # how TF names every events file
+
 
 def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], step: int) -> None:
     """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms."""
@@ -84,6 +86,8 @@ class EventsFile:
         self.path: str | None = None  # the name of the file, inside the logdir
         self._renew_on: Callable[[], bool] = lambda: True  # where a lost file may be renewed
 
+        self._failure: BaseException | None = None  # the last error of a write of ours
+
     def open(self, on_training_thread: Callable[[], bool]) -> None:
         """Create the session's file (blocking I/O: not on the event loop). A lost file is
         renewed only where ``on_training_thread()``: no step writes into it meanwhile."""
@@ -115,18 +119,28 @@ class EventsFile:
         with self._lock:
             self._renew_if_lost()
             if self.writer is not None:
-                write_values(self.writer, values, step)
+                try:
+                    write_values(self.writer, values, step)
+                except Exception as exc:
+                    self._failure = exc
+                    raise
 
-    def writable(self) -> bool:
-        """Whether the file can be written now (its pending events flushed): an
-        ``OutOfRangeError`` that a full disk raised in a step is not the end of data."""
-        if self.writer is None:
+    def failed(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says that events could not be written (a full disk), which TF
+        reports as ``OutOfRangeError`` too (EFBIG): a write of ours that raised it, or a
+        ``tf.summary`` op in a step, whose writer flushes inside the op. TF's error
+        names the events file it could not write; nothing else does, since a flush
+        after the failure succeeds (the events it held are gone). A flush that fails
+        now says it too."""
+        if exc is self._failure or EVENTS_FILE in str(exc):
             return True
+        if self.writer is None:
+            return False
         try:
             self.writer.flush()
         except Exception:
-            return False
-        return True
+            return True
+        return False
 
     def _renew_if_lost(self) -> None:
         """A new file in place of a deleted one: TF would go on writing into the deleted
@@ -158,11 +172,17 @@ class EventsFile:
         new_path = store.path(self.path) if self.path is not None else None
         log.warning("summary.file_lost", path=store.path(lost), new_path=new_path)
 
-    def close(self) -> None:
+    def close(self) -> BaseException | None:
+        """Flush and close (a writer the user gave is flushed, and stays theirs); the
+        error if the last events could not be written: the session fails with it."""
         with self._lock:
             if self.writer is None:
-                return
-            if self._given is None:
-                self.writer.close()  # flushes
-            else:
-                self.writer.flush()  # a writer the user gave stays theirs
+                return None
+            try:
+                if self._given is None:
+                    self.writer.close()  # flushes
+                else:
+                    self.writer.flush()
+            except Exception as exc:
+                return exc
+            return None
