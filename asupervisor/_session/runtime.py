@@ -66,7 +66,7 @@ POLL_SECS = 0.05  # how often the grace watcher looks at the job in flight
 class SessionRuntime:
     """Runs one session of a Supervisor from entry to exit."""
 
-    def __init__(self, sv: Supervisor, coord: Coordinator) -> None:
+    def __init__(self, sv: Supervisor, coord: Coordinator, *, timed_saves: bool = True) -> None:
         from .managed import ManagedSession
 
         self.sv = sv  # configuration only: read, never written
@@ -100,7 +100,12 @@ class SessionRuntime:
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         averaging = sv.writes_summaries and sv.summary_fn is None
-        self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps, averaging)
+        # In a multi-worker job only the chief's clock decides (timed_save); see _cluster.
+        timed = timed_saves and sv.checkpointing and sv.is_chief and sv.save_model_secs > 0
+        save_secs = sv.save_model_secs if timed else None
+        self.stepper = Stepper(
+            self, self.step, sv.hooks, save_steps, summary_steps, averaging, save_secs
+        )
         self.restore_report = RestoreReport(RestoreSource.FRESH, None, 0)
         self.drain_started: float | None = None
         self.loopwatch = LoopWatch(self.caller)

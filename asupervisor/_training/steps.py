@@ -216,6 +216,7 @@ class Stepper:
         save_steps: int | None,
         summary_steps: int | None = None,
         averaging: bool = False,
+        save_secs: float | None = None,
     ) -> None:
         self.runtime = runtime
         self.averaging = averaging  # keep results for their means (summaries from results)
@@ -224,6 +225,8 @@ class Stepper:
         self.step = step
         self.hooks = tuple(hooks)
         self.save_steps = save_steps
+        self.save_secs = save_secs
+        self._timed: tuple[int, float] = (0, time.monotonic())  # for save_secs: (step, time)
         self.last_result: Any = None
         self.steps_run = 0  # steps this session ran
         self._saved_at_run = 0  # steps_run when the state of the last good save was taken
@@ -247,6 +250,7 @@ class Stepper:
         here, as TF's CheckpointSaverHook does; the first step writes summaries, as TF's
         SummarySaverHook does; nothing since is unsaved."""
         self._last_save_step, self._last_summary_step = step, None
+        self._timed = (step, time.monotonic())
         self._saved_at_run = self.steps_run
 
     def recovered(self) -> None:
@@ -355,6 +359,8 @@ class Stepper:
             self._check_moving()  # ours always moves: we advance it
         if self.save_steps and self._due_save():
             runtime.save()
+        elif self.save_secs and self._due_timed_save():
+            runtime.timed_save()
         if self.summary_steps and self._due_summary():
             runtime.step_summaries()
         runtime.after_step()
@@ -367,6 +373,25 @@ class Stepper:
             self._last_save_step = step
             return last is not None
         return False
+
+    def _due_timed_save(self) -> bool:
+        """As TF's CheckpointSaverHook with ``save_secs`` (its ``SecondOrStepTimer``): due
+        at the end of the first step that ends ``save_secs`` or more after the last save,
+        if the step moved since. Any save counts as the last (an explicit one moves the
+        next timed one on); time between steps saves nothing, as in TF, where the timer
+        is asked only after a step."""
+        now = time.monotonic()
+        last_step, last_time = self._timed
+        saved = self.runtime.session.last_save  # of any kind: (step, when written)
+        if saved is not None and saved[1] is not None and saved[1] > last_time:
+            last_step, last_time = saved[0], saved[1]
+        if now < last_time + self.save_secs:  # type: ignore[operator]
+            return False  # first, so that a step of the user's is read only when due
+        step = self.step.value
+        if step == last_step:
+            return False
+        self._timed = (step, now)
+        return True
 
     def _due_summary(self) -> bool:
         """As TF's SummarySaverHook: at the session's first step, then each time the step
