@@ -380,14 +380,16 @@ class Stepper:
         if the step moved since. Any save counts as the last (an explicit one moves the
         next timed one on); time between steps saves nothing, as in TF, where the timer
         is asked only after a step."""
-        now = time.monotonic()
+        now, secs = time.monotonic(), self.save_secs
         last_step, last_time = self._timed
+        if now < last_time + secs:  # type: ignore[operator]
+            return False  # the cheap look first: most steps stop here
         saved = self.runtime.session.last_save  # of any kind: (step, when written)
         if saved is not None and saved[1] is not None and saved[1] > last_time:
-            last_step, last_time = saved[0], saved[1]
-        if now < last_time + self.save_secs:  # type: ignore[operator]
-            return False  # first, so that a step of the user's is read only when due
-        step = self.step.value
+            self._timed = last_step, last_time = saved[0], saved[1]
+            if now < last_time + secs:  # type: ignore[operator]
+                return False
+        step = self.step.value  # read only when due: a step variable of the user's costs
         if step == last_step:
             return False
         self._timed = (step, now)
