@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from typing import Any
 
 import keras
@@ -304,3 +305,23 @@ async def test_steps_per_execution_counts_every_batch(logdir: str) -> None:
         await sess.fit(model, dataset(), epochs=2, verbose=0)
     assert sess.global_step == 2 * BATCHES and sess.data_position == (2, 0)
     assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES
+
+
+async def test_validation_and_epoch_ends_are_no_stalled_step(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    class Slow(keras.callbacks.Callback):  # validation and epoch ends that take their time
+        def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+            time.sleep(0.03)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            time.sleep(0.2)
+
+    model = compiled()
+    sv = supervisor(logdir, model, save_summaries_secs=0.02)
+    async with sv.session() as sess:
+        await sess.fit(
+            model, dataset(), epochs=2, validation_data=dataset(seed=1), callbacks=[Slow()],
+            verbose=0,
+        )  # fmt: skip
+    assert [e for e in events if e["event"] == "step.stalled"] == []

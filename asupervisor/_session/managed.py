@@ -225,6 +225,16 @@ class ManagedSession:
             return None
         return flight.job.name, flight.step_started_at
 
+    def step_in_flight(self) -> float | None:
+        """``time.monotonic()`` when the training step running now began (a step of
+        ``run``, ``train`` or ``fit``, fetching its batch included), or ``None`` when no
+        training step runs: the thread idle or held, starting, saving, running a call,
+        or in ``fit``'s validation or an epoch's end."""
+        flight = self._rt.thread.in_flight()
+        if flight is None or not flight.training:
+            return None
+        return flight.step_started_at
+
     def between_steps(self) -> AbstractAsyncContextManager[None]:
         """``async with``: the training thread is held at a step boundary meanwhile.
 

@@ -265,6 +265,7 @@ class SessionRuntime:
         if checkpointer is None or not self.ready:
             return None
         self.thread.check_fence()
+        self.thread.mark_step(training=False)  # a save, also inside a step: no training
         self.step.flush()
         stepper, step = self.stepper, self.step.value
         record = self._record(step, metrics)

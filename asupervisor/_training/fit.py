@@ -204,7 +204,7 @@ class FitRun:
                 run.batch_begin(batch)
 
             def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-                run.runtime.thread.mark_step()  # validation is progress too
+                run.runtime.thread.mark_step(training=False)  # progress, not training
 
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
                 run.epoch_end_first()
@@ -287,7 +287,8 @@ class FitRun:
             raise FitStopped()
 
     def epoch_end_first(self) -> None:
-        self.runtime.thread.mark_step()  # the user's epoch-end callbacks may take a while
+        # The epoch-end callbacks may take a while: bounded, but no training step.
+        self.runtime.thread.mark_step(training=False)
         if self.cut:
             self.cut = False
             self.model.stop_training = self.stopped_by_user
