@@ -197,7 +197,8 @@ class ManagedSession:
         last call, when the supervisor writes summaries from results (no ``summary_fn``);
         otherwise, and for ``fit`` (Keras' logs are already the epoch's running means),
         the last step's. Each call starts a new interval."""
-        return self._rt.step_means()
+        rt = self._rt
+        return rt.summaries.step_means(rt.stepper.last_result)
 
     @property
     def first_step_done(self) -> tuple[int, float] | None:
@@ -288,7 +289,7 @@ class ManagedSession:
         On a process that writes no summaries (a non-chief, ``summary_writer=None``)
         it writes nothing and logs ``summary.disabled`` once.
         """
-        self._rt.write_summary(dict(values), step)
+        self._rt.summaries.write(dict(values), step)
 
     # -- services -----------------------------------------------------------
 

@@ -40,6 +40,7 @@ from .._outcome import Outcome, StopReason, is_permanent, reason_of
 from .._training.divergence import LossWatch, loss_of
 from .._training.kept_state import KeptState, key_of
 from .._training.position import Position
+from .._training.session_summaries import SessionSummaries
 from .._training.steps import GlobalStep, Stepper
 from .._training.summaries import EventsFile, scalars
 from .._training.thread import Job, TrainingThread, loop_caller
@@ -100,18 +101,20 @@ class SessionRuntime:
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         averaging = sv.writes_summaries and sv.summary_fn is None
+        self.summaries = SessionSummaries(
+            self.events, self.step, sv.summary_fn, sv.rate_tag, averaging
+        )
         # In a multi-worker job only the chief's clock decides (timed_save); see _cluster.
         timed = timed_saves and sv.checkpointing and sv.is_chief and sv.save_model_secs > 0
         save_secs = sv.save_model_secs if timed else None
         self.stepper = Stepper(
-            self, self.step, sv.hooks, save_steps, summary_steps, averaging, save_secs
+            self, self.step, sv.hooks, self.summaries, save_steps, summary_steps, save_secs
         )
         self.restore_report = RestoreReport(RestoreSource.FRESH, None, 0)
         self.drain_started: float | None = None
         self.loopwatch = LoopWatch(self.caller)
         policy = sv.on_divergence
         self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
-        self._no_writer_warned = False
         self.rollback_history: list[str] = []
         self.presence = Presence(self)  # the heartbeat and the ledger
 
@@ -373,41 +376,6 @@ class SessionRuntime:
         for hook in self.sv.hooks:
             if hook.after_save(self.session, step, path):
                 self.request_stop(None, StopReason.REQUESTED)
-
-    def step_summaries(self) -> None:
-        """Training thread, every ``save_summaries_steps``: ``summary_fn``'s values and the
-        steps per second since the last time (from the first step: tracing is not speed)."""
-        fn = self.sv.summary_fn
-        values = dict(fn()) if fn is not None else self.step_means()
-        step = self.step.value
-        rate = self.stepper.take_rate(step, time.monotonic())
-        if rate is not None:
-            values[self.sv.rate_tag] = rate
-        if values:
-            self.events.write(values, step)
-
-    def epoch_summaries(self, logs: dict[str, Any]) -> None:
-        """Training thread, at the end of a ``fit`` epoch: its logs (validation included)
-        as ``epoch/<name>`` at the step the epoch ended on."""
-        if self.events.writer is not None:
-            values = {f"epoch/{k}": v for k, v in scalars(logs).items()}
-            if values:
-                self.events.write(values, self.step.value)
-
-    def write_summary(self, values: dict[str, Any], step: int | None) -> None:
-        """``sess.summary_computed``: into the events file, or a warning (once) that this
-        session writes none."""
-        if self.events.writer is None:
-            if not self._no_writer_warned:
-                self._no_writer_warned = True
-                log.warning("summary.disabled", tags=sorted(values))
-            return
-        self.events.write(values, self.step.value if step is None else step)
-
-    def step_means(self) -> dict[str, float]:
-        """Training thread: the steps' numeric results averaged since the last call
-        (``fit``: Keras' logs as they are, already the epoch's running means)."""
-        return self.stepper.means.take() or scalars(self.stepper.last_result)
 
     def check_deferred(self) -> None:
         """Training thread, after the first step: every restored value has been taken, or

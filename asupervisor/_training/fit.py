@@ -296,7 +296,8 @@ class FitRun:
     def epoch_end_last(self, logs: Any) -> None:
         runtime = self.runtime
         self.epoch_logs = dict(logs or {})
-        runtime.epoch_summaries(self.epoch_logs)
+        logs = _with_learning_rate(self.model, self.epoch_logs)
+        runtime.summaries.epoch_summaries(runtime.position.epoch, logs)
         runtime.position.next_epoch()
         best = runtime.sv.keep_best
         if best is not None and best.metric in self.epoch_logs and runtime.sv.checkpointing:
@@ -314,6 +315,18 @@ class FitRun:
             logs.update(_evaluate(self.model, validation, self.callbacks))
         self.callbacks.on_epoch_end(epoch, logs)  # Last moves the position on
         self.stopped_by_keras = bool(self.model.stop_training)
+
+
+def _with_learning_rate(model: Any, logs: dict[str, Any]) -> dict[str, Any]:
+    """An epoch's logs as Keras' TensorBoard callback writes them: with the optimizer's
+    learning rate (``epoch_learning_rate``)."""
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    if "learning_rate" in logs or not isinstance(optimizer, keras.optimizers.Optimizer):
+        return logs
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return {**logs, "learning_rate": rate}
 
 
 def _due(epoch: int, freq: Any) -> bool:

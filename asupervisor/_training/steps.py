@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from .._log import log
 from .._session.stopping import end_of_data_types
 from .hooks import Hook, RunContext
-from .means import ResultMeans
 from .position import epoch_data, skipped
 from .release import release
 
 if TYPE_CHECKING:
     from .._session.runtime import SessionRuntime
+    from .session_summaries import SessionSummaries
 
 FUSED_CACHE_SIZE = 32  # step functions kept fused; per-step partials must not pile up
 STILL_CHECK_EVERY = 10  # steps between two looks at whether the global step moves
@@ -213,14 +213,13 @@ class Stepper:
         runtime: SessionRuntime,
         step: GlobalStep,
         hooks: Sequence[Hook],
+        summaries: SessionSummaries,
         save_steps: int | None,
         summary_steps: int | None = None,
-        averaging: bool = False,
         save_secs: float | None = None,
     ) -> None:
         self.runtime = runtime
-        self.averaging = averaging  # keep results for their means (summaries from results)
-        self.means = ResultMeans()
+        self.summaries = summaries
         self.summary_steps = summary_steps
         self.step = step
         self.hooks = tuple(hooks)
@@ -234,7 +233,6 @@ class Stepper:
         self._last_summary_step: int | None = None  # for summary_steps: as SummarySaverHook
         self.recoveries = 0  # recoveries in a row, for max_recoveries
         self.first_done: tuple[int, float] | None = None  # (step, monotonic) after step 1
-        self._rate_mark: tuple[int, float] | None = None  # (step, monotonic) rates count from
         # Each step function: what to call for it, and whether that advances the step.
         # Bounded: a new partial or lambda per step must not pile up.
         self._fused: collections.OrderedDict[Any, tuple[Callable[..., Any], bool]] = (
@@ -257,7 +255,7 @@ class Stepper:
         """An earlier checkpoint was restored (a recoverable error, a rollback)."""
         self.recoveries += 1
         self._saved_at_run = self.steps_run
-        self.means.clear()  # the failed steps' results are not the restored state's
+        self.summaries.discard()  # the failed steps' results are not the restored state's
         self.last_result = None
 
     def state_saved(self, at_run: int) -> None:
@@ -268,14 +266,6 @@ class Stepper:
     def unsaved(self) -> int:
         """Steps run since the state of the last good save was taken."""
         return self.steps_run - self._saved_at_run
-
-    def take_rate(self, step: int, now: float) -> float | None:
-        """Steps per second since the last call (from the first step: tracing is not
-        speed), or ``None`` if no step ran meanwhile."""
-        mark, self._rate_mark = self._rate_mark, (step, now)
-        if mark is None or step <= mark[0] or now <= mark[1]:
-            return None
-        return (step - mark[0]) / (now - mark[1])
 
     # -- one step ------------------------------------------------------------------
 
@@ -348,11 +338,11 @@ class Stepper:
             if runtime.position.counts():
                 raise Rewind()  # the data goes on from where the rollback put it
             return
-        if self.averaging and not running_means:
-            self.means.add(result)
+        if not running_means:
+            self.summaries.add(result)
         if self.first_done is None:
             runtime.check_deferred()
-            self.first_done = self._rate_mark = (self.step.value, time.monotonic())
+            self.first_done = (self.step.value, time.monotonic())
         for hook in self.hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if not self.step.owned and self.steps_run % STILL_CHECK_EVERY < batches:
@@ -362,7 +352,7 @@ class Stepper:
         elif self.save_secs and self._due_timed_save():
             runtime.timed_save()
         if self.summary_steps and self._due_summary():
-            runtime.step_summaries()
+            self.summaries.step_summaries(result)
         runtime.after_step()
 
     def _due_save(self) -> bool:

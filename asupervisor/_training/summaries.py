@@ -72,7 +72,8 @@ def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | No
 
 
 class EventsFile:
-    """One session's summary writer: made, written, renewed and closed here only.
+    """One session's summary writer: made, written, renewed and closed here only; and
+    the writers of the runs beside it (``run``), closed with it.
 
     ``given`` is a writer the user passed in: it is flushed at the end, never
     closed, and never replaced.
@@ -87,6 +88,7 @@ class EventsFile:
         self._renew_on: Callable[[], bool] = lambda: True  # where a lost file may be renewed
 
         self._failure: BaseException | None = None  # the last error of a write of ours
+        self._runs: dict[str, EventsFile] = {}  # the runs beside this one, by name
 
     def open(self, on_training_thread: Callable[[], bool]) -> None:
         """Create the session's file (blocking I/O: not on the event loop). A lost file is
@@ -94,6 +96,19 @@ class EventsFile:
         self._renew_on = on_training_thread
         if self._given is None and self._store is not None:
             self.writer, self.path = create_events_file(self._store)
+
+    def run(self, name: str) -> EventsFile | None:
+        """The events file of the run ``name`` beside this one (in ``<logdir>/<name>``,
+        made at the first call, on the training thread; closed with this one), or
+        ``None`` where the session has no logdir of its own (a writer the user gave)."""
+        with self._lock:
+            if self._store is None or self._given is not None or self.writer is None:
+                return None
+            run = self._runs.get(name)
+            if run is None:
+                run = self._runs[name] = EventsFile(self._store.path(name), None)
+                run.open(self._renew_on)
+            return run
 
     def set_default(self, step: Any) -> None:
         """On the training thread: ``tf.summary.*`` inside steps writes here."""
@@ -173,16 +188,19 @@ class EventsFile:
         log.warning("summary.file_lost", path=store.path(lost), new_path=new_path)
 
     def close(self) -> BaseException | None:
-        """Flush and close (a writer the user gave is flushed, and stays theirs); the
-        error if the last events could not be written: the session fails with it."""
+        """Flush and close (a writer the user gave is flushed, and stays theirs), the
+        runs beside it too; the first error if the last events could not be written:
+        the session fails with it."""
         with self._lock:
-            if self.writer is None:
-                return None
-            try:
-                if self._given is None:
-                    self.writer.close()  # flushes
-                else:
-                    self.writer.flush()
-            except Exception as exc:
-                return exc
-            return None
+            runs, self._runs = list(self._runs.values()), {}
+        lost = [run.close() for run in runs]
+        with self._lock:
+            if self.writer is not None:
+                try:
+                    if self._given is None:
+                        self.writer.close()  # flushes
+                    else:
+                        self.writer.flush()
+                except Exception as exc:
+                    lost.insert(0, exc)
+        return next((exc for exc in lost if exc is not None), None)
