@@ -372,15 +372,15 @@ async def test_steps_per_execution_counts_every_batch(logdir: str) -> None:
 async def test_validation_and_epoch_ends_are_no_stalled_step(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
-    class Slow(keras.callbacks.Callback):  # validation and epoch ends that take their time
+    class Slow(keras.callbacks.Callback):  # each longer than the summary interval
         def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
-            time.sleep(0.03)
+            time.sleep(0.1)
 
         def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
-            time.sleep(0.2)
+            time.sleep(1.0)
 
     model = compiled()
-    sv = supervisor(logdir, model, save_summaries_secs=0.02)
+    sv = supervisor(logdir, model, save_summaries_secs=0.5)
     async with sv.session() as sess:
         await sess.fit(
             model, dataset(), epochs=2, validation_data=dataset(seed=1), callbacks=[Slow()],

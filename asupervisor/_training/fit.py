@@ -252,7 +252,8 @@ class FitRun:
             self._end_interrupted_epoch()
 
     def epoch_begin(self) -> None:
-        self.runtime.thread.mark_step()
+        # Keras sets the epoch's data up now: bounded, but no training step yet.
+        self.runtime.thread.mark_step(training=False)
         if self.runtime.flag.stopped or self.stopped_by_keras:
             raise FitStopped()
 

@@ -329,6 +329,7 @@ class Stepper:
         averaged again."""
         runtime = self.runtime
         runtime.thread.check_fence()  # an abandoned step that returns at last does no more
+        runtime.thread.step_ended()
         self.recoveries = 0
         self.step.advance(batches, in_graph=counted_in_graph, deferred=deferred)
         self.steps_run += batches

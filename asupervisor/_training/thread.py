@@ -203,6 +203,12 @@ class TrainingThread:
         self._step_started_at = time.monotonic()
         self._training = training
 
+    def step_ended(self) -> None:
+        """On the training thread: the training step has ended; what follows until the
+        next one (an epoch's end, fit's validation setting up) is no training step. The
+        watchdog still times it from the step's start."""
+        self._training = False
+
     def check_fence(self) -> None:
         """On the training thread: raise ``SessionClosed`` if the session has closed or the
         job running now (or one it runs inside) was given up on by its owner."""
