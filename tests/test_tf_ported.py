@@ -305,6 +305,50 @@ async def test_summary_saver_save_steps(logdir: str) -> None:
     assert [s for s, _ in points(events_file(logdir), "v")] == [1, 9, 17, 25]
 
 
+class TfSummaryTimer(asv.Hook):
+    """TF's SummarySaverHook's decisions, by TF's own timer: asked before each step for
+    the step it leads to, the summary written after it at the step reached."""
+
+    def __init__(self, save_secs: float) -> None:
+        self.timer = tf.compat.v1.train.SecondOrStepTimer(every_secs=save_secs)
+        self.next_step: int | None = None
+        self.request = False
+        self.tf_points: list[int] = []
+
+    def before_run(self, ctx: asv.RunContext) -> None:
+        next_step = self.next_step
+        self.request = next_step is None or self.timer.should_trigger_for_step(next_step)
+
+    def after_run(self, ctx: asv.RunContext, result: Any) -> None:
+        step = ctx.session.global_step
+        if self.request:
+            self.timer.update_last_triggered_step(step)
+            self.tf_points.append(step)
+        self.next_step = step + 1
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="timed summaries are a service's, written at the first step boundary past the "
+    "interval, idle ones included; TF's SummarySaverHook writes at the first step that "
+    "begins past it, and at the first step (docs/API.md)",
+)
+async def test_save_secs_saving_once_every_three_steps(logdir: str) -> None:
+    """SummarySaverHookTest.test_save_secs_saving_once_every_three_steps, its clock
+    scaled: a step every 0.2 s with save_secs=0.5."""
+    v = tf.Variable(0.0)
+    hook = TfSummaryTimer(save_secs=0.5)
+    sv = quiet(logdir, {"v": v}, save_summaries_secs=0.5, summary_fn=lambda: {"v": v},
+               hooks=[hook])  # fmt: skip
+    async with sv.session() as sess:
+        started = time.monotonic()
+        for i in range(8):
+            await anyio.sleep(max(0.0, started + 0.2 * i - time.monotonic()))
+            await sess.run(v.assign_add, 1.0)
+    written = [s for s, _ in points(events_file(logdir), "v")]
+    assert written == hook.tf_points, (written, hook.tf_points)
+
+
 # -- monitored_session_test -------------------------------------------------------------
 
 
