@@ -143,30 +143,25 @@ def test_raise_in_both_last_step_and_num_steps() -> None:
         asv.hooks.StopAtStepHook()
 
 
+async def stops_when_set_to(logdir: str, hook: asv.Hook, start: int, steps: list[int]) -> None:
+    """The global step set to each of ``steps`` in turn: the session stops at the last."""
+    step = tf.Variable(start, dtype=tf.int64)
+    sv = quiet(logdir, {"step": step}, global_step=step, hooks=[hook])
+    async with sv.session() as sess:
+        for value in steps:
+            assert not sess.should_stop()
+            await sess.run(step.assign, value)
+        assert sess.should_stop() and sess.stop_reason == "step_limit"
+
+
 async def test_stop_based_on_last_step(logdir: str) -> None:
     """StopAtStepTest.test_stop_based_on_last_step: the global step set to 5, 9, 10."""
-    step = tf.Variable(0, dtype=tf.int64)
-    sv = quiet(logdir, {"step": step}, global_step=step,
-               hooks=[asv.hooks.StopAtStepHook(last_step=10)])  # fmt: skip
-    async with sv.session() as sess:
-        for value in (5, 9):
-            await sess.run(step.assign, value)
-            assert not sess.should_stop()
-        await sess.run(step.assign, 10)
-        assert sess.should_stop() and sess.stop_reason == "step_limit"
+    await stops_when_set_to(logdir, asv.hooks.StopAtStepHook(last_step=10), 0, [5, 9, 10])
 
 
 async def test_stop_based_on_num_steps(logdir: str) -> None:
     """StopAtStepTest.test_stop_based_on_num_steps: from the step the session began at."""
-    step = tf.Variable(5, dtype=tf.int64)
-    sv = quiet(logdir, {"step": step}, global_step=step,
-               hooks=[asv.hooks.StopAtStepHook(num_steps=10)])  # fmt: skip
-    async with sv.session() as sess:
-        for value in (13, 14):
-            await sess.run(step.assign, value)
-            assert not sess.should_stop()
-        await sess.run(step.assign, 15)
-        assert sess.should_stop()
+    await stops_when_set_to(logdir, asv.hooks.StopAtStepHook(num_steps=10), 5, [13, 14, 15])
 
 
 async def test_stop_based_with_multiple_steps(logdir: str) -> None:
@@ -295,14 +290,19 @@ async def test_log_warning_if_global_step_not_increased(
     assert [e["step"] for e in events if e["event"] == "step.not_advancing"] == [0]
 
 
+async def summarized_at(logdir: str, every: int, steps: int) -> list[int]:
+    """The steps ``summary_fn`` is written at, every ``every`` of ``steps`` steps."""
+    v = tf.Variable(0.0)
+    sv = quiet(logdir, {"v": v}, save_summaries_steps=every, summary_fn=lambda: {"v": v})
+    async with sv.session() as sess:
+        for _ in range(steps):
+            await sess.run(v.assign_add, 1.0)
+    return [s for s, _ in points(events_file(logdir), "v")]
+
+
 async def test_summary_saver_save_steps(logdir: str) -> None:
     """SummarySaverHookTest.test_save_steps: every 8 of 30 steps, from the first."""
-    v = tf.Variable(0.0)
-    sv = quiet(logdir, {"v": v}, save_summaries_steps=8, summary_fn=lambda: {"v": v})
-    async with sv.session() as sess:
-        for _ in range(30):
-            await sess.run(v.assign_add, 1.0)
-    assert [s for s, _ in points(events_file(logdir), "v")] == [1, 9, 17, 25]
+    assert await summarized_at(logdir, 8, 30) == [1, 9, 17, 25]
 
 
 class TfSummaryTimer(asv.Hook):
@@ -376,43 +376,30 @@ async def test_save_checkpoint_steps(logdir: str) -> None:
 
 async def test_summaries_steps(logdir: str) -> None:
     """MonitoredTrainingSessionTest.test_summaries_steps"""
-    v = tf.Variable(0.0)
-    sv = quiet(logdir, {"v": v}, save_summaries_steps=100, summary_fn=lambda: {"v": v})
-    async with sv.session() as sess:
-        for _ in range(101):
+    assert await summarized_at(logdir, 100, 101) == [1, 101]
+
+
+async def step_until_stopped(logdir: str, v: tf.Variable, hook: asv.Hook) -> int:
+    """A session (restored from the last) that steps until its hook stops it: its step."""
+    async with quiet(logdir, {"v": v}, save_model_secs=600, hooks=[hook]).session() as sess:
+        while not sess.should_stop():
             await sess.run(v.assign_add, 1.0)
-    assert [s for s, _ in points(events_file(logdir), "v")] == [1, 101]
+    return sess.global_step
 
 
 async def test_last_step(logdir: str) -> None:
     """MonitoredSessionTest.test_last_step: across a restart from the checkpoint."""
     v = tf.Variable(0.0)
-    hooks = [asv.hooks.StopAtStepHook(last_step=3)]
-    async with quiet(logdir, {"v": v}, save_model_secs=600, hooks=hooks).session() as sess:
-        while not sess.should_stop():
-            await sess.run(v.assign_add, 1.0)
-    assert sess.global_step == 3
-    hooks = [asv.hooks.StopAtStepHook(last_step=5)]
-    async with quiet(logdir, {"v": v}, save_model_secs=600, hooks=hooks).session() as sess:
-        assert sess.global_step == 3
-        while not sess.should_stop():
-            await sess.run(v.assign_add, 1.0)
-    assert sess.global_step == 5
+    assert await step_until_stopped(logdir, v, asv.hooks.StopAtStepHook(last_step=3)) == 3
+    assert await step_until_stopped(logdir, v, asv.hooks.StopAtStepHook(last_step=5)) == 5
+    assert float(v.numpy()) == 5.0
 
 
 async def test_num_steps(logdir: str) -> None:
     """MonitoredSessionTest.test_num_steps: counted from the restored step."""
     v = tf.Variable(0.0)
-    hooks = [asv.hooks.StopAtStepHook(num_steps=3)]
-    async with quiet(logdir, {"v": v}, save_model_secs=600, hooks=hooks).session() as sess:
-        while not sess.should_stop():
-            await sess.run(v.assign_add, 1.0)
-    assert sess.global_step == 3
-    hooks = [asv.hooks.StopAtStepHook(num_steps=4)]
-    async with quiet(logdir, {"v": v}, save_model_secs=600, hooks=hooks).session() as sess:
-        while not sess.should_stop():
-            await sess.run(v.assign_add, 1.0)
-    assert sess.global_step == 7
+    assert await step_until_stopped(logdir, v, asv.hooks.StopAtStepHook(num_steps=3)) == 3
+    assert await step_until_stopped(logdir, v, asv.hooks.StopAtStepHook(num_steps=4)) == 7
 
 
 async def test_recover_and_retry_on_aborted_error(
