@@ -1,4 +1,4 @@
-"""Steps on the training thread: hooks around them, the global step, step-based saves.
+"""Steps on the training thread: hooks around them, the global step, step- and time-based saves.
 
 Everything here runs on the session's training thread. The runtime owns the
 session; this module owns what one step does and what steps have done so far
