@@ -159,12 +159,11 @@ class Supervisor:
         return self.given_summary_writer
 
     def _registrations(self, standard: bool) -> list[Registration]:
-        from .services import CheckpointService, StepCounterService, SummaryService, WatchdogService
+        from .services import StepCounterService, SummaryService, WatchdogService
 
+        # Timed saves are no service: TF's rule is a save at the end of the first step
+        # past the deadline, which only the training thread sees (_training/steps.py).
         regs = []
-        if standard and self.checkpointing and self.is_chief and self.save_model_secs > 0:
-            # In a multi-worker job only the chief's clock decides; see _cluster.
-            regs.append(register(CheckpointService(self.save_model_secs)))
         if standard and self.writes_summaries and self.save_summaries_secs > 0:
             summary = SummaryService(self.save_summaries_secs, self.summary_fn)
             regs.append(register(summary, on_error="restart"))
@@ -238,7 +237,8 @@ class Supervisor:
         check.boolean("start_standard_services", start_standard_services)
         if self._open:
             raise RuntimeError("this Supervisor already has an open session")
-        runtime = SessionRuntime(self, self._coord)
+        # Timed saves are a standard service of TF1's, though they run on the training thread.
+        runtime = SessionRuntime(self, self._coord, timed_saves=start_standard_services)
         self._runtime, self._open = runtime, True
         regs = self._registrations(start_standard_services)
         try:

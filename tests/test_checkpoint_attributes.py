@@ -45,7 +45,9 @@ async def test_attributes_reassigned_or_added_after_construction_are_saved_as_th
         await sess.run(v.assign_add, 1.0)
     latest = tf.train.latest_checkpoint(logdir)
     assert saved(latest, "w") == 7.0 and saved(latest, "extra") == 9.0 and saved(latest, "v") == 2
-    assert sorted(dict(tf.train.TrackableView(ckpt).children(ckpt))) == ["extra", "v", "w"]
+    # Nothing set on it but TF's own counter of saves, as ckpt.save() would make it.
+    children = sorted(dict(tf.train.TrackableView(ckpt).children(ckpt)))
+    assert children == ["extra", "save_counter", "v", "w"]
 
 
 async def test_an_attribute_reassigned_between_two_saves_is_saved_new_at_the_second(
@@ -144,3 +146,26 @@ def test_the_guides_iterator_per_epoch_loop_resumes_at_the_batch_it_was_killed_n
     batches = [tuple(map(int, b)) for b in re.findall(r"batch (\d+) (\d+)", again.stdout)]
     # The rest of epoch 1 from where the checkpoint was, then nothing else (epochs=2).
     assert batches == [(1, b) for b in range(restored - 47, 47)], batches[:5]
+
+
+@pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
+async def test_reading_save_counter_during_a_session_leaves_every_save_working(
+    logdir: str, async_checkpoint: bool
+) -> None:
+    # TF's guides print ckpt.save_counter; TF creates it on the first read.
+    v = tf.Variable(0.0)
+    ckpt = tf.train.Checkpoint(v=v)
+    sv = make(logdir, ckpt, async_checkpoint=async_checkpoint)
+    async with sv.session() as sess:
+        await sess.run(v.assign_add, 1.0)
+        counted = int(ckpt.save_counter)  # the initial save and the one at step 1
+        for _ in range(2):
+            await sess.run(v.assign_add, 1.0)
+    assert counted == 2
+    assert int(ckpt.save_counter) == 4  # as Checkpoint.save counts: every save
+    latest = tf.train.latest_checkpoint(logdir)
+    assert latest.endswith("model.ckpt-3") and saved(latest, "v") == 3.0
+
+    again = tf.train.Checkpoint(v=tf.Variable(0.0))
+    async with make(logdir, again).session():
+        assert int(again.save_counter) == 4  # restored with the rest

@@ -59,7 +59,7 @@ async def test_a_restart_restores_values_and_step_and_skips_init_fn(
     assert named(events, "session.started")[-1]["restored_from"].endswith("model.ckpt-7")
 
 
-async def test_the_checkpoint_service_saves_on_its_interval(
+async def test_timed_saves_come_on_their_interval(
     logdir: str, pair: Pair, events: list[dict[str, Any]]
 ) -> None:
     sv = make(logdir, pair, save_model_secs=0.1, max_to_keep=None)
@@ -74,6 +74,27 @@ async def test_the_checkpoint_service_saves_on_its_interval(
     saved = named(events, "checkpoint.saved")
     assert all(e["bytes"] > 0 and e["seconds"] >= 0 for e in saved)
     assert {e["step"] for e in saved} == set(steps)
+
+
+async def test_the_checkpoint_service_started_by_hand_saves_by_the_clock_between_steps(
+    logdir: str, pair: Pair
+) -> None:
+    from asupervisor.services import CheckpointService
+
+    saved: list[int] = []
+
+    class Saves(asv.Hook):
+        def after_save(self, session: asv.ManagedSession, step: int, path: str) -> None:
+            saved.append(step)
+
+    sv = make(logdir, pair, hooks=[Saves()])  # timed saves every 60 s: none here
+    async with sv.session(start_standard_services=False) as sess:
+        sess.start_service(CheckpointService(0.05))
+        await sess.run(pair.step)
+        with anyio.fail_after(60):
+            while 1 not in saved:  # idle after step 1: the service saves it anyway
+                await anyio.sleep(0.01)
+    assert saved == [0, 1]  # the final save finds step 1 saved
 
 
 async def test_checkpoints_hold_step_boundary_states(logdir: str, pair: Pair) -> None:

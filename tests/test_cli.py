@@ -51,6 +51,35 @@ async def test_inspect_prints_checkpoints_tags_and_events(
 
 
 @pytest.mark.asyncio
+async def test_inspect_lists_fits_runs_with_their_tags(
+    logdir: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import keras
+    import numpy as np
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    model.compile(optimizer="sgd", loss="mse")
+    x = np.ones((16, 2), "float32")
+    data = tf.data.Dataset.from_tensor_slices((x, x[:, :1])).batch(4)
+    sv = asv.Supervisor(
+        logdir, checkpoint={"model": model}, save_model_secs=0, save_summaries_secs=0,
+        handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        await sess.fit(model, data, epochs=2, validation_data=data, verbose=0)
+    capsys.readouterr()  # the run's own log lines
+    assert main(["inspect", logdir, "--json"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    for tag in ("train/epoch_loss", "validation/epoch_loss", "train/epoch_learning_rate"):
+        assert report["tags"][tag]["kind"] == "scalar", sorted(report["tags"])
+        assert (report["tags"][tag]["first_step"], report["tags"][tag]["last_step"]) == (0, 1)
+    names = [f["name"] for f in report["events_files"]]
+    assert [n.split("events.out.")[0] for n in names] == ["", "train/", "validation/"]
+
+
+@pytest.mark.asyncio
 async def test_inspect_json_reports_damage(logdir: str, capsys: pytest.CaptureFixture[str]) -> None:
     await make_run(logdir)
     data_file = Path(logdir) / "model.ckpt-2.data-00000-of-00001"

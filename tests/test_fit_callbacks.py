@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import glob
 import os
+import time
 from typing import Any
 
 import keras
@@ -176,14 +177,76 @@ async def test_a_resumed_fit_with_nothing_left_returns_an_empty_history(logdir: 
     assert history.epoch == [] and history.history == {}
 
 
-async def test_validation_logs_reach_the_events_file(logdir: str) -> None:
+def runs(logdir: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """Each run's scalar points by tag, as TensorBoard's own loader reads them."""
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    found = {}
+    for run in ("train", "validation"):
+        acc = plugin_event_accumulator.EventAccumulator(
+            os.path.join(logdir, run), size_guidance={"tensors": 0}
+        )
+        acc.Reload()
+        found[run] = {
+            tag: [(e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors(tag)]
+            for tag in acc.Tags()["tensors"]
+            if acc.SummaryMetadata(tag).plugin_data.plugin_name == "scalars"
+        }
+    return found
+
+
+async def test_epoch_logs_are_keras_runs_that_overlay_a_plain_keras_run(
+    logdir: str, tmp_path: Any
+) -> None:
     model = compiled()
     async with supervisor(logdir, model).session() as sess:
         await sess.fit(model, dataset(), epochs=3, validation_data=dataset(seed=1), verbose=0)
-    acc = EventAccumulator(logdir, size_guidance={"tensors": 0})
-    acc.Reload()
-    assert [e.step for e in acc.Tensors("epoch/val_loss")] == [8, 16, 24]
-    assert [e.step for e in acc.Tensors("epoch/loss")] == [8, 16, 24]
+    ours = runs(logdir)
+
+    keras_dir = str(tmp_path / "keras")  # the same training under Keras' own callback
+    plain = compiled()
+    plain.fit(
+        dataset(), epochs=3, validation_data=dataset(seed=1), verbose=0, shuffle=False,
+        callbacks=[keras.callbacks.TensorBoard(keras_dir)],
+    )  # fmt: skip
+    theirs = runs(keras_dir)
+    # Keras' validation metrics at the global step are left out (see docs/tensorboard.md).
+    theirs["validation"] = {
+        t: p for t, p in theirs["validation"].items() if not t.startswith("evaluation_")
+    }
+    assert sorted(ours["train"]) == ["epoch_learning_rate", "epoch_loss"]
+    assert sorted(ours["validation"]) == ["epoch_loss"]
+    for run in ("train", "validation"):
+        assert sorted(ours[run]) == sorted(theirs[run])
+        for tag, points in theirs[run].items():
+            assert [s for s, _ in ours[run][tag]] == [s for s, _ in points] == [0, 1, 2]
+            assert [v for _, v in ours[run][tag]] == pytest.approx([v for _, v in points])
+
+
+async def test_a_resumed_fit_draws_each_epoch_once(logdir: str) -> None:
+    class Crash(keras.callbacks.Callback):
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            if self.model.optimizer.iterations.numpy() == BATCHES + 3:
+                raise RuntimeError("crash")  # epoch 0's end written; no checkpoint after 0
+
+    model = compiled()
+    with pytest.raises(RuntimeError, match="crash"):
+        async with supervisor(logdir, model).session() as sess:
+            await sess.fit(
+                model, dataset(), epochs=3, validation_data=dataset(seed=1),
+                callbacks=[Crash()], verbose=0,
+            )  # fmt: skip
+    model = compiled(lr=0.02)  # other values: the crashed session's points must not show
+    async with supervisor(logdir, model).session() as sess:
+        assert sess.data_position == (0, 0)
+        history = await sess.fit(
+            model, dataset(), epochs=3, validation_data=dataset(seed=1), verbose=0
+        )
+    drawn = runs(logdir)
+    for run, name in (("train", "loss"), ("validation", "val_loss")):
+        points = drawn[run]["epoch_loss"]
+        assert [s for s, _ in points] == [0, 1, 2]
+        assert [v for _, v in points] == pytest.approx(history.history[name])
 
 
 async def test_a_stop_mid_epoch_runs_the_cut_epochs_end_once_in_the_resumed_run(
@@ -304,3 +367,43 @@ async def test_steps_per_execution_counts_every_batch(logdir: str) -> None:
         await sess.fit(model, dataset(), epochs=2, verbose=0)
     assert sess.global_step == 2 * BATCHES and sess.data_position == (2, 0)
     assert int(model.optimizer.iterations.numpy()) == 2 * BATCHES
+
+
+async def test_validation_and_epoch_ends_are_no_stalled_step(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    class Slow(keras.callbacks.Callback):  # each longer than the summary interval
+        def on_test_batch_end(self, batch: int, logs: Any = None) -> None:
+            time.sleep(0.1)
+
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            time.sleep(1.0)
+
+    model = compiled()
+    sv = supervisor(logdir, model, save_summaries_secs=0.5)
+    async with sv.session() as sess:
+        await sess.fit(
+            model, dataset(), epochs=2, validation_data=dataset(seed=1), callbacks=[Slow()],
+            verbose=0,
+        )  # fmt: skip
+    assert [e for e in events if e["event"] == "step.stalled"] == []
+
+
+async def test_epoch_logs_into_a_writer_of_yours_keep_the_split_in_their_names(
+    tmp_path: Any,
+) -> None:
+    mine = str(tmp_path / "mine")
+    writer = tf.summary.create_file_writer(mine)
+    model = compiled()
+    sv = asv.Supervisor(
+        None, checkpoint={"model": model}, summary_writer=writer, save_summaries_secs=0,
+        handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        await sess.fit(model, dataset(), epochs=2, validation_data=dataset(seed=1), verbose=0)
+    writer.close()
+    acc = EventAccumulator(mine, size_guidance={"tensors": 0})
+    acc.Reload()
+    for tag in ("epoch_loss", "epoch_val_loss", "epoch_learning_rate"):
+        assert [e.step for e in acc.Tensors(tag)] == [0, 1], sorted(acc.Tags()["tensors"])
+    assert all(n.startswith("events.out.tfevents.") for n in os.listdir(mine))  # no runs

@@ -137,13 +137,80 @@ async def test_zero_save_summaries_secs_disables_summary_fn_and_the_step_rate(
     assert acc.Tags()["tensors"] == []
 
 
-async def test_a_stalled_step_is_warned_about(logdir: str, events: list[dict[str, Any]]) -> None:
+def stalls(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == "step.stalled"]
+
+
+async def test_a_stalled_step_is_warned_about_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
     sv = asv.Supervisor(logdir, save_model_secs=0, save_summaries_secs=0.1, handle_signals=False)
+
+    def stuck() -> None:  # until it is reported (at most a minute), then three intervals
+        started = time.monotonic()
+        while not stalls(events) and time.monotonic() - started < 60:
+            time.sleep(0.01)
+        time.sleep(0.3)
+
     async with sv.session() as sess:
+        for _ in range(3):
+            await sess.run(lambda: None)
+        await anyio.sleep(0.25)  # a point after step 3: the mean step time is known
+        await sess.run(stuck)
+    (stalled,) = stalls(events)  # once, not once an interval
+    assert stalled["step"] == 3 and stalled["seconds"] >= 0.1
+
+
+async def test_no_step_is_stalled_while_none_runs(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    # Start-up, the first step (tracing), a call, a save, an idle body: no step is stalled.
+    # Each phase lasts four intervals; a step is stalled past one (its mean is small).
+    class SlowSave(asv.Hook):
+        def after_save(self, session: asv.ManagedSession, step: int, path: str) -> None:
+            time.sleep(0.4)
+
+    sv = asv.Supervisor(
+        logdir,
+        init_fn=lambda: time.sleep(0.4),
+        save_model_secs=0,
+        save_model_steps=1000,
+        save_summaries_secs=0.1,
+        hooks=[SlowSave()],
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        await sess.run(time.sleep, 0.4)  # the first step, as long as a tracing
+        for _ in range(3):
+            await sess.run(lambda: None)
+        await anyio.sleep(0.25)  # a point: the mean step time is known
+        await sess.call(time.sleep, 0.4)
+        await sess.save_checkpoint()
+        await anyio.sleep(0.4)
         await sess.run(lambda: None)
-        await sess.run(time.sleep, 0.5)
-    stalled = [e for e in events if e["event"] == "step.stalled"]
-    assert stalled and stalled[0]["step"] == 1
+    assert stalls(events) == []
+
+
+async def test_steps_slower_than_the_interval_are_not_stalled_until_ten_times_the_usual(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    sv = asv.Supervisor(logdir, save_model_secs=0, save_summaries_secs=0.02, handle_signals=False)
+    async with sv.session() as sess:
+        for _ in range(8):
+            await sess.run(time.sleep, 0.05)  # each longer than the interval: their pace
+        assert stalls(events) == []
+
+        def stuck() -> None:  # a step that hangs until it is reported (at most a minute)
+            started = time.monotonic()
+            while not stalls(events) and time.monotonic() - started < 60:
+                time.sleep(0.01)
+
+        started = time.monotonic()
+        await sess.run(stuck)
+        waited = time.monotonic() - started
+    (stalled,) = stalls(events)
+    assert stalled["step"] == 8 and stalled["seconds"] >= 10 * 0.05, stalled
+    assert waited < 60
 
 
 def points(acc: Any, tag: str) -> list[tuple[int, float]]:

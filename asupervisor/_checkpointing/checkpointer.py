@@ -346,7 +346,7 @@ class Checkpointer:
             with self.guard.writing():
                 name = self.retention.next_name(step)
                 with self.store.writing_back(name):
-                    self.root.checkpoint.write(self.store.path(name))
+                    self.root.to_save().write(self.store.path(name))
                 self._commit(name, record)
         except (Fenced, LogdirLockedError):
             raise  # not a failed write: this session may not write here any more
@@ -414,7 +414,7 @@ class Checkpointer:
             return  # saving has failed for good; training is being stopped
         with self.guard.writing():  # closed, or the lock lost: raised here, on the thread
             name = self.retention.next_name(step)
-        snapshot = _async_save.take_snapshot(self.root.checkpoint)
+        snapshot = _async_save.take_snapshot(self.root.to_save())
         held = time.perf_counter() - started
         self.writing, self.writing_step = self.store.path(name), step
         self._writer = threading.Thread(

@@ -9,6 +9,12 @@ object, by TF's own rules, until the attribute is assigned. The global step and 
 position are attached beside them without being set on the user's object, which stays
 as it was: a second Supervisor over it (a retry loop, a notebook cell run twice) sees
 it unchanged. The files are the same as if they were children of the user's object.
+
+One thing of the user's object is made up front: TF's counter of saves
+(``save_counter``), which TF creates on its first read. Made later, after the root took
+a counter of its own, the user's would be a second ``save_counter`` beside it, and
+every save after would fail. So the root's counter is the user's, and each save counts
+on it, as ``Checkpoint.save`` does.
 """
 
 from __future__ import annotations
@@ -103,11 +109,16 @@ class SavedRoot:
     def _root(self, ours: Mapping[str, Any]) -> tf.train.Checkpoint:
         import tensorflow as tf
 
-        root = tf.train.Checkpoint(root=self.user, **ours)
-        # TF's counter of saves (the user's, if it has one): every checkpoint so far holds
-        # one, and a restore that left it untaken would look incomplete.
-        _ = root.save_counter
-        return root
+        # TF's counter of saves, made on the user's object now (see the module's
+        # docstring); every checkpoint so far holds one, and the root takes the user's.
+        _ = self.user.save_counter
+        return tf.train.Checkpoint(root=self.user, **ours)
+
+    def to_save(self) -> tf.train.Checkpoint:
+        """The root to write, its counter of saves advanced first (as ``Checkpoint.save``
+        advances it, and ``tf.train.CheckpointManager.save``)."""
+        self.checkpoint.save_counter.assign_add(1)
+        return self.checkpoint
 
     def children(self) -> dict[str, Any]:
         """The top-level objects, as a save would write them now."""

@@ -603,8 +603,9 @@ def _waker(event: anyio.Event) -> Callable[[], None]:
 
 def _close(events: EventsFile | None, lock: LogdirLock | LeaseLock | None) -> None:
     try:
-        if events is not None:
-            events.close()
+        lost = None if events is None else events.close()
+        if lost is not None:
+            raise lost
     finally:
         if lock is not None:
             lock.release()

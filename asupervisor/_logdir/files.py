@@ -19,6 +19,10 @@ from .store import Store
 from .verify import verify_checkpoint
 
 STATE = "checkpoint"  # TF's state file: which checkpoints exist, the latest last
+# The TensorBoard runs beside the session's events file: fit's epoch logs, one run per
+# split, in the directories Keras' TensorBoard callback uses.
+TRAIN_RUN, VALIDATION_RUN = "train", "validation"
+RUNS = (TRAIN_RUN, VALIDATION_RUN)
 
 
 def own_pattern(basename: str, suffix: str = "") -> re.Pattern[str]:

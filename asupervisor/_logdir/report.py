@@ -17,7 +17,7 @@ from typing import Any
 
 from . import heartbeat as _heartbeat
 from . import ledger as _ledger
-from .files import STATE, checkpoint_bytes, checkpoint_problem, files_problem
+from .files import RUNS, STATE, checkpoint_bytes, checkpoint_problem, files_problem
 from .records import read_evaluated, read_records
 from .store import Store, is_object_store, no_file_system
 
@@ -119,14 +119,16 @@ def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[Check
     return sorted(found, key=lambda c: c.step)
 
 
-def _record(tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: Any) -> None:
+def _record(
+    tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: Any, run: str
+) -> None:
     import tensorflow as tf
 
     plugin = value.metadata.plugin_data.plugin_name
     if plugin:
         kinds[value.tag] = {"scalars": "scalar", "histograms": "histogram"}.get(plugin, plugin)
     kind = kinds.get(value.tag, "scalar" if value.HasField("simple_value") else "other")
-    tag = tags.setdefault(value.tag, TagInfo(kind))
+    tag = tags.setdefault(run + value.tag, TagInfo(kind))
     tag.points += 1
     tag.first_step = event.step if tag.first_step is None else min(tag.first_step, event.step)
     if tag.last_step is None or event.step >= tag.last_step:
@@ -136,24 +138,28 @@ def _record(tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: 
             tag.last_value = float(value.simple_value if array is None else array)
 
 
-def read_events(store: Store, names: list[str], tags: dict[str, TagInfo]) -> list[EventsFileInfo]:
+def read_events(
+    store: Store, names: list[str], tags: dict[str, TagInfo], run: str = ""
+) -> list[EventsFileInfo]:
+    """The events files among ``names``; their tags into ``tags``. ``run``: the
+    TensorBoard run's directory (``train/``) before each tag and file name."""
     import tensorflow as tf
     from tensorflow.core.util import event_pb2
 
     files = []
     for name in sorted(n for n in names if n.startswith("events.out.tfevents.")):
         if store.kind(name) != "file":
-            files.append(EventsFileInfo(name, 0, 0, "not a regular file inside the logdir"))
+            files.append(EventsFileInfo(run + name, 0, 0, "not a regular file inside the logdir"))
             continue
         path = store.path(name)
-        info = EventsFileInfo(name=name, bytes=store.size(name), events=0)
+        info = EventsFileInfo(name=run + name, bytes=store.size(name), events=0)
         kinds: dict[str, str] = {}
         try:
             for record in tf.data.TFRecordDataset(path):
                 event = event_pb2.Event.FromString(record.numpy())
                 info.events += 1
                 for value in event.summary.value:
-                    _record(tags, kinds, event, value)
+                    _record(tags, kinds, event, value, run)
         except Exception as exc:  # a truncated last record: keep what was read
             info.damaged = f"{type(exc).__name__}: {str(exc).strip().splitlines()[0]}"[:200]
         files.append(info)
@@ -187,9 +193,20 @@ def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
         report.heartbeat = None if beat is None else beat.as_dict()
     except (OSError, ValueError) as exc:
         report.heartbeat_problem = f"{type(exc).__name__}: {exc}"[:200]
-    report.events_files = (
-        read_events(store, names, report.tags)
-        if any(n.startswith("events.out.tfevents.") for n in names)
-        else []
-    )
+    report.events_files = _all_events(store, names, report.tags)
     return report
+
+
+def _all_events(store: Store, names: list[str], tags: dict[str, TagInfo]) -> list[EventsFileInfo]:
+    """The logdir's own events files, then those of the runs beside them (``fit``'s
+    ``train/`` and ``validation/``), whose tags are named with their run's."""
+    found: list[tuple[Store, list[str], str]] = [(store, names, "")]
+    for run in RUNS:
+        if run in names and store.kind(run) == "dir":
+            inner = Store(store.path(run))
+            found.append((inner, sorted(inner.names()), run + "/"))
+    files = []
+    for where, inside, prefix in found:
+        if any(n.startswith("events.out.tfevents.") for n in inside):
+            files += read_events(where, inside, tags, prefix)
+    return files

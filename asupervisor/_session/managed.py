@@ -197,7 +197,8 @@ class ManagedSession:
         last call, when the supervisor writes summaries from results (no ``summary_fn``);
         otherwise, and for ``fit`` (Keras' logs are already the epoch's running means),
         the last step's. Each call starts a new interval."""
-        return self._rt.step_means()
+        rt = self._rt
+        return rt.summaries.step_means(rt.stepper.last_result)
 
     @property
     def first_step_done(self) -> tuple[int, float] | None:
@@ -224,6 +225,16 @@ class ManagedSession:
         if flight is None or flight.job.kind is JobKind.HOLD:
             return None
         return flight.job.name, flight.step_started_at
+
+    def step_in_flight(self) -> float | None:
+        """``time.monotonic()`` when the training step running now began (a step of
+        ``run``, ``train`` or ``fit``, fetching its batch included), or ``None`` when no
+        training step runs: the thread idle or held, starting, saving, running a call,
+        or in ``fit``'s validation or an epoch's end."""
+        flight = self._rt.thread.in_flight()
+        if flight is None or not flight.training:
+            return None
+        return flight.step_started_at
 
     def between_steps(self) -> AbstractAsyncContextManager[None]:
         """``async with``: the training thread is held at a step boundary meanwhile.
@@ -278,7 +289,7 @@ class ManagedSession:
         On a process that writes no summaries (a non-chief, ``summary_writer=None``)
         it writes nothing and logs ``summary.disabled`` once.
         """
-        self._rt.write_summary(dict(values), step)
+        self._rt.summaries.write(dict(values), step)
 
     # -- services -----------------------------------------------------------
 

@@ -40,6 +40,7 @@ from .._outcome import Outcome, StopReason, is_permanent, reason_of
 from .._training.divergence import LossWatch, loss_of
 from .._training.kept_state import KeptState, key_of
 from .._training.position import Position
+from .._training.session_summaries import SessionSummaries
 from .._training.steps import GlobalStep, Stepper
 from .._training.summaries import EventsFile, scalars
 from .._training.thread import Job, TrainingThread, loop_caller
@@ -66,7 +67,9 @@ POLL_SECS = 0.05  # how often the grace watcher looks at the job in flight
 class SessionRuntime:
     """Runs one session of a Supervisor from entry to exit."""
 
-    def __init__(self, sv: Supervisor, coord: SessionCoordinator) -> None:
+    def __init__(
+        self, sv: Supervisor, coord: SessionCoordinator, *, timed_saves: bool = True
+    ) -> None:
         from .managed import ManagedSession
 
         self.sv = sv  # configuration only: read, never written
@@ -100,13 +103,20 @@ class SessionRuntime:
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         averaging = sv.writes_summaries and sv.summary_fn is None
-        self.stepper = Stepper(self, self.step, sv.hooks, save_steps, summary_steps, averaging)
+        self.summaries = SessionSummaries(
+            self.events, self.step, sv.summary_fn, sv.rate_tag, averaging
+        )
+        # In a multi-worker job only the chief's clock decides (timed_save); see _cluster.
+        timed = timed_saves and sv.checkpointing and sv.is_chief and sv.save_model_secs > 0
+        save_secs = sv.save_model_secs if timed else None
+        self.stepper = Stepper(
+            self, self.step, sv.hooks, self.summaries, save_steps, summary_steps, save_secs
+        )
         self.restore_report = RestoreReport(RestoreSource.FRESH, None, 0)
         self.drain_started: float | None = None
         self.loopwatch = LoopWatch(self.caller)
         policy = sv.on_divergence
         self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
-        self._no_writer_warned = False
         self.rollback_history: list[str] = []
         self.presence = Presence(self)  # the heartbeat and the ledger
 
@@ -190,14 +200,14 @@ class SessionRuntime:
     def job_failed(self, exc: BaseException) -> BaseException:
         """Training thread: what a user's job (a step, its hooks, a call, fit) raised,
         classified here, once, by where it came from: the user's code ran out of data
-        (``StopIteration``, TF's ``OutOfRangeError``), unless the session's own events
-        file fails (a full disk reports ``OutOfRangeError`` too). Any other error goes to
-        the waiter as it is, the same object: the body decides. Returns what the waiter
-        gets: a ``StopIteration`` cannot cross into a coroutine (PEP 479), so it arrives
-        as TF's end-of-data error."""
+        (``StopIteration``, TF's ``OutOfRangeError``), unless events could not be
+        written (a full disk reports ``OutOfRangeError`` too: ``EventsFile.failed``).
+        Any other error goes to the waiter as it is, the same object: the body decides.
+        Returns what the waiter gets: a ``StopIteration`` cannot cross into a coroutine
+        (PEP 479), so it arrives as TF's end-of-data error."""
         if isinstance(exc, SessionClosed) or not isinstance(exc, end_of_data_types()):
             return exc
-        if not self.events.writable():
+        if self.events.failed(exc):
             self.fail(exc)  # a write failed: not the end of the data
             return exc
         self.request_stop(None, StopReason.END_OF_DATA)
@@ -260,6 +270,7 @@ class SessionRuntime:
         if checkpointer is None or not self.ready:
             return None
         self.thread.check_fence()
+        self.thread.mark_step(training=False)  # a save, also inside a step: no training
         self.step.flush()
         stepper, step = self.stepper, self.step.value
         record = self._record(step, metrics)
@@ -367,41 +378,6 @@ class SessionRuntime:
         for hook in self.sv.hooks:
             if hook.after_save(self.session, step, path):
                 self.request_stop(None, StopReason.REQUESTED)
-
-    def step_summaries(self) -> None:
-        """Training thread, every ``save_summaries_steps``: ``summary_fn``'s values and the
-        steps per second since the last time (from the first step: tracing is not speed)."""
-        fn = self.sv.summary_fn
-        values = dict(fn()) if fn is not None else self.step_means()
-        step = self.step.value
-        rate = self.stepper.take_rate(step, time.monotonic())
-        if rate is not None:
-            values[self.sv.rate_tag] = rate
-        if values:
-            self.events.write(values, step)
-
-    def epoch_summaries(self, logs: dict[str, Any]) -> None:
-        """Training thread, at the end of a ``fit`` epoch: its logs (validation included)
-        as ``epoch/<name>`` at the step the epoch ended on."""
-        if self.events.writer is not None:
-            values = {f"epoch/{k}": v for k, v in scalars(logs).items()}
-            if values:
-                self.events.write(values, self.step.value)
-
-    def write_summary(self, values: dict[str, Any], step: int | None) -> None:
-        """``sess.summary_computed``: into the events file, or a warning (once) that this
-        session writes none."""
-        if self.events.writer is None:
-            if not self._no_writer_warned:
-                self._no_writer_warned = True
-                log.warning("summary.disabled", tags=sorted(values))
-            return
-        self.events.write(values, self.step.value if step is None else step)
-
-    def step_means(self) -> dict[str, float]:
-        """Training thread: the steps' numeric results averaged since the last call
-        (``fit``: Keras' logs as they are, already the epoch's running means)."""
-        return self.stepper.means.take() or scalars(self.stepper.last_result)
 
     def check_deferred(self) -> None:
         """Training thread, after the first step: every restored value has been taken, or

@@ -36,7 +36,9 @@ async def close(rt: SessionRuntime) -> None:
     rt.loopwatch.stop()
     rt.thread.stop()  # jobs still queued are dropped; a running one is fenced
     wait = 0.0 if rt.interrupted else max(rt.grace_left(), 0.1)
-    await _off_loop(rt.events.close, wait)
+    lost = await _off_loop(rt.events.close, wait)
+    if lost is not None:  # the last events could not be written: said, not lost silently
+        rt.fail(lost)
     if rt.agreement is not None:
         await _off_loop(rt.agreement.close, wait)
     checkpointer = rt.checkpointer

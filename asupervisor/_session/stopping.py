@@ -18,7 +18,7 @@ draws the machine)::
 Whoever asks for a stop, and from whatever thread, goes through ``StopFlag.set``:
 the first stop fixes the reason, the first error wins, later errors are logged.
 Errors reach the flag already classified (``None`` for a clean stop): where an
-error came from decides what it means, not its text (``_runtime.classified``).
+error came from decides what it means (``SessionRuntime.job_failed``).
 """
 
 from __future__ import annotations

@@ -204,7 +204,7 @@ class FitRun:
                 run.batch_begin(batch)
 
             def on_test_batch_begin(self, batch: int, logs: Any = None) -> None:
-                run.runtime.thread.mark_step()  # validation is progress too
+                run.runtime.thread.mark_step(training=False)  # progress, not training
 
             def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
                 run.epoch_end_first()
@@ -252,7 +252,8 @@ class FitRun:
             self._end_interrupted_epoch()
 
     def epoch_begin(self) -> None:
-        self.runtime.thread.mark_step()
+        # Keras sets the epoch's data up now: bounded, but no training step yet.
+        self.runtime.thread.mark_step(training=False)
         if self.runtime.flag.stopped or self.stopped_by_keras:
             raise FitStopped()
 
@@ -287,7 +288,8 @@ class FitRun:
             raise FitStopped()
 
     def epoch_end_first(self) -> None:
-        self.runtime.thread.mark_step()  # the user's epoch-end callbacks may take a while
+        # The epoch-end callbacks may take a while: bounded, but no training step.
+        self.runtime.thread.mark_step(training=False)
         if self.cut:
             self.cut = False
             self.model.stop_training = self.stopped_by_user
@@ -295,7 +297,8 @@ class FitRun:
     def epoch_end_last(self, logs: Any) -> None:
         runtime = self.runtime
         self.epoch_logs = dict(logs or {})
-        runtime.epoch_summaries(self.epoch_logs)
+        logs = _with_learning_rate(self.model, self.epoch_logs)
+        runtime.summaries.epoch_summaries(runtime.position.epoch, logs)
         runtime.position.next_epoch()
         best = runtime.sv.keep_best
         if best is not None and best.metric in self.epoch_logs and runtime.sv.checkpointing:
@@ -313,6 +316,18 @@ class FitRun:
             logs.update(_evaluate(self.model, validation, self.callbacks))
         self.callbacks.on_epoch_end(epoch, logs)  # Last moves the position on
         self.stopped_by_keras = bool(self.model.stop_training)
+
+
+def _with_learning_rate(model: Any, logs: dict[str, Any]) -> dict[str, Any]:
+    """An epoch's logs as Keras' TensorBoard callback writes them: with the optimizer's
+    learning rate (``epoch_learning_rate``)."""
+    import keras
+
+    optimizer = getattr(model, "optimizer", None)
+    if "learning_rate" in logs or not isinstance(optimizer, keras.optimizers.Optimizer):
+        return logs
+    rate = float(keras.ops.convert_to_numpy(optimizer.learning_rate))
+    return {**logs, "learning_rate": rate}
 
 
 def _due(epoch: int, freq: Any) -> bool:

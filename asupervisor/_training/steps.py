@@ -1,4 +1,4 @@
-"""Steps on the training thread: hooks around them, the global step, step-based saves.
+"""Steps on the training thread: hooks around them, the global step, step- and time-based saves.
 
 Everything here runs on the session's training thread. The runtime owns the
 session; this module owns what one step does and what steps have done so far
@@ -16,12 +16,12 @@ from typing import TYPE_CHECKING, Any
 from .._log import log
 from .._session.stopping import end_of_data_types
 from .hooks import Hook, RunContext
-from .means import ResultMeans
 from .position import epoch_data, skipped
 from .release import release
 
 if TYPE_CHECKING:
     from .._session.runtime import SessionRuntime
+    from .session_summaries import SessionSummaries
 
 FUSED_CACHE_SIZE = 32  # step functions kept fused; per-step partials must not pile up
 STILL_CHECK_EVERY = 10  # steps between two looks at whether the global step moves
@@ -213,17 +213,19 @@ class Stepper:
         runtime: SessionRuntime,
         step: GlobalStep,
         hooks: Sequence[Hook],
+        summaries: SessionSummaries,
         save_steps: int | None,
         summary_steps: int | None = None,
-        averaging: bool = False,
+        save_secs: float | None = None,
     ) -> None:
         self.runtime = runtime
-        self.averaging = averaging  # keep results for their means (summaries from results)
-        self.means = ResultMeans()
+        self.summaries = summaries
         self.summary_steps = summary_steps
         self.step = step
         self.hooks = tuple(hooks)
         self.save_steps = save_steps
+        self.save_secs = save_secs
+        self._timed: tuple[int, float] = (0, time.monotonic())  # for save_secs: (step, time)
         self.last_result: Any = None
         self.steps_run = 0  # steps this session ran
         self._saved_at_run = 0  # steps_run when the state of the last good save was taken
@@ -231,7 +233,6 @@ class Stepper:
         self._last_summary_step: int | None = None  # for summary_steps: as SummarySaverHook
         self.recoveries = 0  # recoveries in a row, for max_recoveries
         self.first_done: tuple[int, float] | None = None  # (step, monotonic) after step 1
-        self._rate_mark: tuple[int, float] | None = None  # (step, monotonic) rates count from
         # Each step function: what to call for it, and whether that advances the step.
         # Bounded: a new partial or lambda per step must not pile up.
         self._fused: collections.OrderedDict[Any, tuple[Callable[..., Any], bool]] = (
@@ -247,13 +248,14 @@ class Stepper:
         here, as TF's CheckpointSaverHook does; the first step writes summaries, as TF's
         SummarySaverHook does; nothing since is unsaved."""
         self._last_save_step, self._last_summary_step = step, None
+        self._timed = (step, time.monotonic())
         self._saved_at_run = self.steps_run
 
     def recovered(self) -> None:
         """An earlier checkpoint was restored (a recoverable error, a rollback)."""
         self.recoveries += 1
         self._saved_at_run = self.steps_run
-        self.means.clear()  # the failed steps' results are not the restored state's
+        self.summaries.discard()  # the failed steps' results are not the restored state's
         self.last_result = None
 
     def state_saved(self, at_run: int) -> None:
@@ -264,14 +266,6 @@ class Stepper:
     def unsaved(self) -> int:
         """Steps run since the state of the last good save was taken."""
         return self.steps_run - self._saved_at_run
-
-    def take_rate(self, step: int, now: float) -> float | None:
-        """Steps per second since the last call (from the first step: tracing is not
-        speed), or ``None`` if no step ran meanwhile."""
-        mark, self._rate_mark = self._rate_mark, (step, now)
-        if mark is None or step <= mark[0] or now <= mark[1]:
-            return None
-        return (step - mark[0]) / (now - mark[1])
 
     # -- one step ------------------------------------------------------------------
 
@@ -335,6 +329,7 @@ class Stepper:
         averaged again."""
         runtime = self.runtime
         runtime.thread.check_fence()  # an abandoned step that returns at last does no more
+        runtime.thread.step_ended()
         self.recoveries = 0
         self.step.advance(batches, in_graph=counted_in_graph, deferred=deferred)
         self.steps_run += batches
@@ -344,19 +339,21 @@ class Stepper:
             if runtime.position.counts():
                 raise Rewind()  # the data goes on from where the rollback put it
             return
-        if self.averaging and not running_means:
-            self.means.add(result)
+        if not running_means:
+            self.summaries.add(result)
         if self.first_done is None:
             runtime.check_deferred()
-            self.first_done = self._rate_mark = (self.step.value, time.monotonic())
+            self.first_done = (self.step.value, time.monotonic())
         for hook in self.hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if not self.step.owned and self.steps_run % STILL_CHECK_EVERY < batches:
             self._check_moving()  # ours always moves: we advance it
         if self.save_steps and self._due_save():
             runtime.save()
+        elif self.save_secs and self._due_timed_save():
+            runtime.timed_save()
         if self.summary_steps and self._due_summary():
-            runtime.step_summaries()
+            self.summaries.step_summaries(result)
         runtime.after_step()
 
     def _due_save(self) -> bool:
@@ -367,6 +364,27 @@ class Stepper:
             self._last_save_step = step
             return last is not None
         return False
+
+    def _due_timed_save(self) -> bool:
+        """As TF's CheckpointSaverHook with ``save_secs`` (its ``SecondOrStepTimer``): due
+        at the end of the first step that ends ``save_secs`` or more after the last save,
+        if the step moved since. Any save counts as the last (an explicit one moves the
+        next timed one on); time between steps saves nothing, as in TF, where the timer
+        is asked only after a step."""
+        now, secs = time.monotonic(), self.save_secs
+        last_step, last_time = self._timed
+        if now < last_time + secs:  # type: ignore[operator]
+            return False  # the cheap look first: most steps stop here
+        saved = self.runtime.session.last_save  # of any kind: (step, when written)
+        if saved is not None and saved[1] is not None and saved[1] > last_time:
+            self._timed = last_step, last_time = saved[0], saved[1]
+            if now < last_time + secs:  # type: ignore[operator]
+                return False
+        step = self.step.value  # read only when due: a step variable of the user's costs
+        if step == last_step:
+            return False
+        self._timed = (step, now)
+        return True
 
     def _due_summary(self) -> bool:
         """As TF's SummarySaverHook: at the session's first step, then each time the step

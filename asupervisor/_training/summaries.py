@@ -14,6 +14,8 @@ from .._logdir.store import Store
 if TYPE_CHECKING:
     import tensorflow as tf
 
+EVENTS_FILE = "events.out.tfevents."  # how TF names every events file
+
 
 def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], step: int) -> None:
     """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms."""
@@ -73,7 +75,8 @@ def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | No
 
 
 class EventsFile:
-    """One session's summary writer: made, written, renewed and closed here only.
+    """One session's summary writer: made, written, renewed and closed here only; and
+    the writers of the runs beside it (``run``), closed with it.
 
     ``given`` is a writer the user passed in: it is flushed at the end, never
     closed, and never replaced.
@@ -87,12 +90,28 @@ class EventsFile:
         self.path: str | None = None  # the name of the file, inside the logdir
         self._renew_on: Callable[[], bool] = lambda: True  # where a lost file may be renewed
 
+        self._failure: BaseException | None = None  # the last error of a write of ours
+        self._runs: dict[str, EventsFile] = {}  # the runs beside this one, by name
+
     def open(self, on_training_thread: Callable[[], bool]) -> None:
         """Create the session's file (blocking I/O: not on the event loop). A lost file is
         renewed only where ``on_training_thread()``: no step writes into it meanwhile."""
         self._renew_on = on_training_thread
         if self._given is None and self._store is not None:
             self.writer, self.path = create_events_file(self._store)
+
+    def run(self, name: str) -> EventsFile | None:
+        """The events file of the run ``name`` beside this one (in ``<logdir>/<name>``,
+        made at the first call, on the training thread; closed with this one), or
+        ``None`` where the session has no logdir of its own (a writer the user gave)."""
+        with self._lock:
+            if self._store is None or self._given is not None or self.writer is None:
+                return None
+            run = self._runs.get(name)
+            if run is None:
+                run = self._runs[name] = EventsFile(self._store.path(name), None)
+                run.open(self._renew_on)
+            return run
 
     def set_default(self, step: Any) -> None:
         """On the training thread: ``tf.summary.*`` inside steps writes here."""
@@ -118,18 +137,28 @@ class EventsFile:
         with self._lock:
             self._renew_if_lost()
             if self.writer is not None:
-                write_values(self.writer, values, step)
+                try:
+                    write_values(self.writer, values, step)
+                except Exception as exc:
+                    self._failure = exc
+                    raise
 
-    def writable(self) -> bool:
-        """Whether the file can be written now (its pending events flushed): an
-        ``OutOfRangeError`` that a full disk raised in a step is not the end of data."""
-        if self.writer is None:
+    def failed(self, exc: BaseException) -> bool:
+        """Whether ``exc`` says that events could not be written (a full disk), which TF
+        reports as ``OutOfRangeError`` too (EFBIG): a write of ours that raised it, or a
+        ``tf.summary`` op in a step, whose writer flushes inside the op. TF's error
+        names the events file it could not write; nothing else does, since a flush
+        after the failure succeeds (the events it held are gone). A flush that fails
+        now says it too."""
+        if exc is self._failure or EVENTS_FILE in str(exc):
             return True
+        if self.writer is None:
+            return False
         try:
             self.writer.flush()
         except Exception:
-            return False
-        return True
+            return True
+        return False
 
     def _renew_if_lost(self) -> None:
         """A new file in place of a deleted one: TF would go on writing into the deleted
@@ -160,11 +189,20 @@ class EventsFile:
         new_path = store.path(self.path) if self.path is not None else None
         log.warning("summary.file_lost", path=store.path(lost), new_path=new_path)
 
-    def close(self) -> None:
+    def close(self) -> BaseException | None:
+        """Flush and close (a writer the user gave is flushed, and stays theirs), the
+        runs beside it too; the first error if the last events could not be written:
+        the session fails with it."""
         with self._lock:
-            if self.writer is None:
-                return
-            if self._given is None:
-                self.writer.close()  # flushes
-            else:
-                self.writer.flush()  # a writer the user gave stays theirs
+            runs, self._runs = list(self._runs.values()), {}
+        lost = [run.close() for run in runs]
+        with self._lock:
+            if self.writer is not None:
+                try:
+                    if self._given is None:
+                        self.writer.close()  # flushes
+                    else:
+                        self.writer.flush()
+                except Exception as exc:
+                    lost.insert(0, exc)
+        return next((exc for exc in lost if exc is not None), None)

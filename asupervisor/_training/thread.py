@@ -138,12 +138,16 @@ class Job:
 
 class Flight:
     """What runs on the training thread now: the job (the outermost), when it began,
-    and when its current step began (a job of several steps marks each)."""
+    when its current step began (a job of several steps marks each), and whether that
+    is a training step (not a validation batch, an epoch's end, a save, a call)."""
 
-    __slots__ = ("job", "started_at", "step_started_at")
+    __slots__ = ("job", "started_at", "step_started_at", "training")
 
-    def __init__(self, job: Job, started_at: float, step_started_at: float) -> None:
+    def __init__(
+        self, job: Job, started_at: float, step_started_at: float, training: bool = False
+    ) -> None:
         self.job, self.started_at, self.step_started_at = job, started_at, step_started_at
+        self.training = training
 
 
 class TrainingThread:
@@ -158,6 +162,7 @@ class TrainingThread:
         # inside it), with when each began; and when the current step began.
         self._stack: list[tuple[Job, float]] = []
         self._step_started_at = 0.0
+        self._training = False  # what the current step is: a training step, or other work
         self.closed = False  # the session is over: nothing more runs
 
     def start(self) -> None:
@@ -185,14 +190,24 @@ class TrainingThread:
         if not stack:
             return None
         (job, started), *inner = stack
-        step = self._step_started_at if job.kind is JobKind.STEP else started
+        stepping = job.kind is JobKind.STEP
+        step = self._step_started_at if stepping else started
         if inner:  # a job run at a step boundary of the outer one: it is what runs now
-            step = inner[-1][1]
-        return Flight(job, started, max(step, started))
+            step, stepping = inner[-1][1], False
+        return Flight(job, started, max(step, started), stepping and self._training)
 
-    def mark_step(self) -> None:
-        """On the training thread: a step of the job in flight begins now."""
+    def mark_step(self, training: bool = True) -> None:
+        """On the training thread: a step of the job in flight begins now; with
+        ``training=False``, work that is no training step (a validation batch, an
+        epoch's end, a save), bounded by the watchdog all the same."""
         self._step_started_at = time.monotonic()
+        self._training = training
+
+    def step_ended(self) -> None:
+        """On the training thread: the training step has ended; what follows until the
+        next one (an epoch's end, fit's validation setting up) is no training step. The
+        watchdog still times it from the step's start."""
+        self._training = False
 
     def check_fence(self) -> None:
         """On the training thread: raise ``SessionClosed`` if the session has closed or the
@@ -201,6 +216,7 @@ class TrainingThread:
             raise SessionClosed("the session has closed, or gave up on this job")
 
     def _execute(self, job: Job) -> None:
+        self._training = False  # until the job marks a training step of its own
         self._stack.append((job, time.monotonic()))
         try:
             job.execute()

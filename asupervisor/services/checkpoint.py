@@ -11,8 +11,11 @@ from ._checks import positive
 
 class CheckpointService:
     """Saves at the first step boundary at least ``interval_secs`` after the last save
-    (of any kind, or the session's start), as TF's ``CheckpointSaverHook`` times its
-    saves; the final save on a clean stop is the session's.
+    (of any kind, or the session's start), by the wall clock: also while no step runs
+    (the session idle between two steps). The final save on a clean stop is the
+    session's. ``Supervisor(save_model_secs=)`` does not start it: its timed saves follow
+    TF's ``CheckpointSaverHook`` exactly (at the end of the first step that ends past the
+    deadline), on the training thread; start this one for saves by the clock alone.
 
     The save runs on the training thread at a step boundary, so it always captures
     the state of one step boundary (in a multi-worker job, after an agreed step). A

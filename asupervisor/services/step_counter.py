@@ -1,24 +1,34 @@
-"""StepCounterService: the training rate as ``global_step/sec``."""
+"""StepCounterService: the training rate as ``global_step/sec``; a stalled step said."""
 
 from __future__ import annotations
 
 import time
 
 import anyio
+import anyio.abc
 
 from asupervisor import ManagedSession, logger
 
 from ._checks import positive
 
+STALL_FACTOR = 10  # a step this many times the session's mean step time is stalled
+
 
 class StepCounterService:
-    """Every ``interval_secs``, writes steps per second under ``tag``; warns when
-    training stalls.
+    """Every ``interval_secs``, writes steps per second under ``tag``; warns when a
+    training step is stalled.
 
     The first point is written only after the session's first step, and measures
-    from it: start-up and a ``tf.function``'s tracing are not training speed, and
-    before the first step there is nothing to call a stall. At the stop, the steps since
-    the last point get one more (a short run has a rate too).
+    from it: start-up and a ``tf.function``'s tracing are not training speed. At the
+    stop, the steps since the last point get one more (a short run has a rate too).
+
+    A step is *stalled* when the training step running now (``sess.step_in_flight()``)
+    has run longer than both ``interval_secs`` and ``STALL_FACTOR`` (10) times the
+    session's mean step time since its first step (10 times ``interval_secs`` while no
+    mean is known yet): ``step.stalled`` is logged once for it, with how long it has
+    run. A run whose steps are all slow is not stalled; nor is start-up, the first step
+    (tracing), a save, a call, ``fit``'s validation or an epoch's end, or a body that
+    runs no step for a while.
     """
 
     name = "step_counter"
@@ -29,24 +39,49 @@ class StepCounterService:
             raise ValueError(f"tag must be a non-empty string, not {tag!r}")
         self.tag = tag
 
+    def threshold(self, mean_step_secs: float | None) -> float:
+        """How long a training step runs before it is stalled."""
+        if mean_step_secs is None:
+            return STALL_FACTOR * self.interval_secs
+        return max(self.interval_secs, STALL_FACTOR * mean_step_secs)
+
     async def run(self, sess: ManagedSession) -> None:
-        first_step = sess.restore_report.step  # where the session began, not this service
+        # A point is written on the training thread (file I/O stays off the event loop),
+        # after the step in flight: in a task of its own, so that a stalled step does not
+        # hold the watch for stalls.
+        async with anyio.create_task_group() as writes:
+            await self._count(sess, writes)
+
+    async def _count(self, sess: ManagedSession, writes: anyio.abc.TaskGroup) -> None:
+        origin: tuple[int, float] | None = None  # (step, time) after the first step
         last: tuple[int, float] | None = None  # (step, time) of the last point
-        quiet_since = anyio.current_time()
+        warned: float | None = None  # the start of the step last said to be stalled
         stopping = False
         while not stopping:
             stopping = await sess.sleep_until_stop(self.interval_secs)
-            if last is None:
-                origin = sess.first_step_done
-                if origin is None:
+            if origin is None:
+                first = sess.first_step_done
+                if first is None:
                     continue  # no step yet: tracing and filling buffers are not a stall
-                last = (origin[0], origin[1] - time.monotonic() + anyio.current_time())
+                origin = last = (first[0], first[1] - time.monotonic() + anyio.current_time())
+            assert last is not None
             step, now = sess.global_step, anyio.current_time()
-            if step == last[0]:
-                if step != first_step and not stopping:
-                    logger.warning("step.stalled", step=step, seconds=round(now - quiet_since, 1))
+            if step != last[0]:
+                rate = (step - last[0]) / (now - last[1])
+                writes.start_soon(sess.call, sess.summary_computed, {self.tag: rate}, step)
+                last = (step, now)
                 continue
-            rate = (step - last[0]) / (now - last[1])
-            # Written on the training thread: file I/O stays off the event loop.
-            await sess.call(sess.summary_computed, {self.tag: rate}, step)
-            last, quiet_since = (step, now), now
+            since = sess.step_in_flight()
+            if stopping or since is None or since == warned:
+                continue
+            ran = time.monotonic() - since
+            moved = last[0] - origin[0]
+            mean = (last[1] - origin[1]) / moved if moved > 0 else None
+            if ran >= self.threshold(mean):
+                warned = since
+                logger.warning(
+                    "step.stalled",
+                    step=step,
+                    seconds=round(ran, 1),
+                    mean_step_secs=None if mean is None else round(mean, 4),
+                )
