@@ -17,9 +17,9 @@ The fields are chosen so that both kinds of hang show from outside:
 Times are wall-clock seconds (``time.time()``): the reader is another process, maybe
 on another host (an object-store logdir); hosts' clocks must agree to well within the
 deadlines. Where it is written: ``<logdir>/.asupervisor.heartbeat`` by the chief (only
-the chief writes into the logdir), and, by any process, the local file named by the
-environment variable ``ASUPERVISOR_HEARTBEAT`` (``asupervisor run`` gives each child
-its own, so that non-chiefs are watched too).
+the chief writes into the logdir), by any process, the local file named by the
+environment variable ``ASUPERVISOR_HEARTBEAT`` if set, and under ``asupervisor run`` down
+each process's channel to the runner (``channel``: no file system between them).
 """
 
 from __future__ import annotations
