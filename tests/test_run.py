@@ -383,12 +383,12 @@ def test_a_child_dead_of_the_stop_signal_after_its_session_began_keeps_its_statu
     from asupervisor._run.attempt import Kill, StopCause, passed_on
 
     term = int(signal.SIGTERM)
-    assert passed_on(143, StopCause.REQUESTED, None, None, False, term) == 42
-    assert passed_on(143, StopCause.REQUESTED, None, None, True, term) == 143  # it ran
-    assert passed_on(143, StopCause.PEER, None, None, False, term) == 143  # one for all
-    assert passed_on(143, None, None, None, False, term) == 143  # not the runner's signal
-    assert passed_on(137, StopCause.REQUESTED, Kill.PAST_DEADLINE, None, True, term) == 137
-    assert passed_on(0, StopCause.STUCK, None, "no heartbeat", True, term) == 124
+    assert passed_on(143, StopCause.REQUESTED, None, None, True, term) == 42  # untrained
+    assert passed_on(143, StopCause.REQUESTED, None, None, False, term) == 143  # it ran
+    assert passed_on(143, StopCause.PEER, None, None, True, term) == 143  # one for all
+    assert passed_on(143, None, None, None, True, term) == 143  # not the runner's signal
+    assert passed_on(137, StopCause.REQUESTED, Kill.PAST_DEADLINE, None, False, term) == 137
+    assert passed_on(0, StopCause.STUCK, None, "no heartbeat", False, term) == 124
 
 
 WORKERS = """

@@ -122,23 +122,27 @@ class Child:
             self.killed = self.killed or why
             self.proc.kill_group()
 
-    def status(self, stop_signal: int) -> int | None:
+    def status(self, limits: Limits) -> int | None:
         """The status its end is passed on with (``None`` while it runs)."""
         if self.proc.returncode is None:
             return None
-        session = self.proc.heard.session is not None
+        # Nothing trained in it: its command runs a session (the runner watches for one)
+        # and none began.
+        untrained = limits.stuck_after is not None and self.proc.heard.session is None
         returned = shell_status(self.proc.returncode)
-        return passed_on(returned, self.stop, self.killed, self.stuck, session, stop_signal)
+        return passed_on(
+            returned, self.stop, self.killed, self.stuck, untrained, limits.stop_signal
+        )
 
-    def failed(self, stop_signal: int) -> bool:
+    def failed(self, limits: Limits) -> bool:
         """Stuck, or exited with a status that is not done or preempted."""
-        status = self.status(stop_signal)
+        status = self.status(limits)
         if self.stuck is not None:
             return True
         return status is not None and outcome_of(status) not in (Outcome.DONE, Outcome.PREEMPTED)
 
-    def end(self, grace_secs: float, stop_signal: int) -> ChildEnd:
-        status = self.status(stop_signal)
+    def end(self, limits: Limits) -> ChildEnd:
+        status = self.status(limits)
         assert status is not None and self.proc.returncode is not None
         heard = self.proc.heard
         return ChildEnd(
@@ -154,7 +158,7 @@ class Child:
             commits=heard.commits,
             committed=heard.committed,
             at=self.stuck_at or self.proc.exited_at or time.monotonic(),
-            grace_secs=grace_secs,
+            grace_secs=limits.grace_secs,
             tail=tuple(self.proc.tail),
         )
 
@@ -164,17 +168,18 @@ def passed_on(
     stop: StopCause | None,
     killed: Kill | None,
     stuck: str | None,
-    session_started: bool,
+    untrained: bool,
     stop_signal: int,
 ) -> int:
     """The status a child's end is passed on with, from the facts: judged stuck by the
-    runner, 124; dead of the stop signal the runner forwarded for a stop of the run,
-    before any session began in it, preempted (42: nothing trained, nothing lost);
-    anything else, its own status (a SIGKILL past the grace of a stop is 137)."""
+    runner, 124; dead of the stop signal the runner forwarded for a stop of the run while
+    nothing had trained in it (``untrained``: no session began in a command that runs
+    one), preempted (42: nothing lost); anything else, its own status (a SIGKILL past the
+    grace of a stop is 137)."""
     if stuck is not None:
         return Outcome.STUCK.exit_status
     requested = stop is StopCause.REQUESTED and killed is None
-    if requested and not session_started and returned == 128 + stop_signal:
+    if requested and untrained and returned == 128 + stop_signal:
         return Outcome.PREEMPTED.exit_status
     return returned
 
@@ -319,8 +324,7 @@ class Attempt:
             if self.state is AttemptState.RUNNING:
                 for child in self.children:
                     self._check_liveness(child, now)
-                stop_signal = self.limits.stop_signal
-                failed = [child for child in self.children if child.failed(stop_signal)]
+                failed = [child for child in self.children if child.failed(self.limits)]
                 if failed:
                     self._first_failure = min(failed, key=_failed_at)
                     self._enter(AttemptState.FAILING, StopCause.PEER)
@@ -362,7 +366,7 @@ class Attempt:
 
     def _result(self) -> AttemptResult:
         limits = self.limits
-        ends = tuple(child.end(limits.grace_secs, limits.stop_signal) for child in self.children)
+        ends = tuple(child.end(limits) for child in self.children)
         first = self._first_failure
         return AttemptResult(
             number=self.number,
