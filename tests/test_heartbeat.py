@@ -282,3 +282,37 @@ def _iso(seconds: float) -> str:
     from datetime import datetime, timezone
 
     return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+@pytest.mark.anyio
+async def test_a_session_tells_the_runner_its_commits_not_its_restores(
+    logdir: str, pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asupervisor._logdir import channel as _channel
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    monkeypatch.setenv(_channel.ENV, str(write_end))
+    monkeypatch.setenv(_heartbeat.ENV_RUN, "run-1")
+    try:
+        async with pair_supervisor(logdir, pair, heartbeat_secs=0.05).session() as sess:
+            for _ in range(5):
+                await sess.run(pair.step)  # commits at 2 and 4, the final save at 5
+                await anyio.sleep(0.15)  # beats between: each commit is seen
+        async with pair_supervisor(logdir, Pair(), heartbeat_secs=0.05).session() as sess:
+            await anyio.sleep(0.2)  # beats: it restored 5 and commits nothing
+        reports = _channel.Receiver().feed(os.read(read_end, 1 << 20))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    began = [r for r in reports if isinstance(r, _channel.SessionBegan)]
+    assert [b.stop_grace_secs for b in began] == [120.0, 120.0] and began[0].chief
+    commits = [(r.session, r.step) for r in reports if isinstance(r, _channel.Commit)]
+    # The fresh start's checkpoint, two saves, the final save; the restore of 5: nothing.
+    assert commits == [(began[0].session, step) for step in (0, 2, 4, 5)]
+    beats = [r for r in reports if isinstance(r, Beat) and r.session == began[1].session]
+    assert beats and beats[-1].outcome is asv.Outcome.DONE and beats[-1].last_commit_step == 5
+    first, second = _ledger.sessions(_ledger.read(Store(logdir)))
+    assert (first.run, first.committed_step, second.committed_step) == ("run-1", 5, None)
+    assert first.first_step_at is not None and second.restored_commit_at is not None
+    assert second.restored_commit_at == pytest.approx(first.committed_at, abs=1.0)

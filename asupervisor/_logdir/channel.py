@@ -27,7 +27,6 @@ import fcntl
 import json
 import os
 import select
-import threading
 from dataclasses import dataclass
 from typing import Any
 
@@ -145,21 +144,10 @@ class Sender:
         os.write(self.fd, line)
 
 
-_lock = threading.Lock()
-_senders: dict[int, Sender] = {}
-
-
 def sender() -> Sender | None:
-    """This process's channel to ``asupervisor run``, if it was given one (the same for
-    every session of the process)."""
+    """This process's channel to ``asupervisor run``, if it was given one (each session of
+    the process opens it anew: the number is the process's, the flags are set again)."""
     try:
-        fd = int(os.environ.get(ENV, ""))
-    except ValueError:
+        return Sender(int(os.environ.get(ENV, "")))
+    except (ValueError, OSError):  # no number, or not an open file descriptor
         return None
-    with _lock:
-        if fd not in _senders:
-            try:
-                _senders[fd] = Sender(fd)
-            except OSError:  # not an open file descriptor: no channel
-                return None
-        return _senders[fd]
