@@ -397,9 +397,12 @@ WORKERS = """
     attempt = os.environ["ASUPERVISOR_ATTEMPT"]
     # A collective that loses its peer fails: the survivor exits 1 when stopped.
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
+    ready = os.path.join(sys.argv[1], f"ready-{attempt}-{rank}")
+    open(ready, "w").close()
     print(f"attempt {attempt} worker {rank} pid {os.getpid()}", flush=True)
     if rank == 1 and attempt == "1":
-        time.sleep(0.5)
+        while not os.path.exists(os.path.join(sys.argv[1], "ready-1-0")):  # its peer is up
+            time.sleep(0.01)
         os.kill(os.getpid(), signal.SIGKILL)
     if attempt == "2":
         sys.exit(0)
@@ -409,7 +412,9 @@ WORKERS = """
 
 def test_the_restart_after_a_worker_died_names_that_worker(tmp_path: Path) -> None:
     script = child(tmp_path, WORKERS)
-    run = supervisor("--workers", "2", "--backoff", "0", "--", sys.executable, script)
+    run = supervisor(
+        "--workers", "2", "--backoff", "0", "--", sys.executable, script, str(tmp_path)
+    )
     _, err = run.communicate(timeout=120)
     assert run.returncode == 0, err
     (restart,) = [line for line in err.splitlines() if "run.restarting" in line]
