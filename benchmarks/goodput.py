@@ -28,7 +28,8 @@ orchestrator's start), its imports and the model's build (none with a warm stand
 the build), its ``restore`` and the time to its first step,
 and the speed of the next process against the one before. Each fault's floor is what it
 cannot cost less than: a kill or an exception, the lost work plus a restore; a hang, that
-plus the deadline (``--stuck-after``); a preemption, a restore (its final save is part of
+plus the deadline (``--stuck-after``); a preemption, a cold start and a restore (the
+command is started again on a "new node", without a standby; its final save is part of
 ``notice``). ``over floor`` is what the system added. Goodput is productive steps per
 wall-clock second under faults over the same without faults. This VM's speed drifts by
 up to 2x between runs minutes apart, so each run also measures its own training speed
@@ -252,7 +253,10 @@ def fault_costs(
         lost = lost_steps / speed
         restore = after.restored - after.imported
         first = after.first - after.restored
-        floor = restore + first + (0.0 if fault.kind == "preempt" else lost)
+        imports = after.imported - after.begun
+        # A preempted command starts again cold (a new node has no standby): its imports
+        # are part of its floor; its final save is part of "notice".
+        floor = restore + first + (imports if fault.kind == "preempt" else lost)
         if fault.kind == "hang":
             floor += args.stuck_after
         recovery = after.first - fault.at
@@ -263,7 +267,7 @@ def fault_costs(
                 "lost steps": round(lost_steps),
                 "lost work s": round(lost, 2),
                 "notice s": round(after.begun - fault.at, 2),
-                "imports, build s": round(after.imported - after.begun, 2),
+                "imports, build s": round(imports, 2),
                 "restore s": round(restore, 2),
                 "to first step s": round(first, 2),
                 "cost s": round(lost + recovery, 2),
@@ -481,13 +485,16 @@ def machine() -> str:
     return describe()
 
 
+LOAD_AT_START = os.getloadavg()
+
+
 def load() -> str:
     """The machine's load while the benchmark ran (it is shared: say what was seen)."""
-    try:
-        one, five, fifteen = os.getloadavg()
-    except OSError:
-        return "unknown"
-    return f"load average {one:.1f} / {five:.1f} / {fifteen:.1f} (1/5/15 min) at the end"
+    end = os.getloadavg()
+    return (
+        f"load average (1/5/15 min) {' / '.join(f'{x:.1f}' for x in LOAD_AT_START)} at the "
+        f"start, {' / '.join(f'{x:.1f}' for x in end)} at the end, on {os.cpu_count()} cores"
+    )
 
 
 def write_results(
