@@ -56,9 +56,10 @@ SIGTERM, SIGINT or SIGUSR1 (SLURM's requeue signal) to the supervisor sends
 --stop-signal to every child, waits --grace seconds for its final checkpoint, then
 kills what is left; a second SIGINT kills at once. A child that dies of that signal
 before its session began (still importing) was preempted: nothing trained, nothing
-lost (with --no-heartbeat nobody knows: its status is passed on). Every child runs in a process group of its own, killed whole when the child
-ends and when the supervisor exits; a child also dies with the supervisor if the
-supervisor is SIGKILLed. The children get ASUPERVISOR_CHANNEL, ASUPERVISOR_ATTEMPT
+lost (with --no-heartbeat nobody knows: its status is passed on). Every child runs
+in a process group of its own, killed whole when the child ends and when the
+supervisor exits; a child also dies with the supervisor if the supervisor is
+SIGKILLed. The children get ASUPERVISOR_CHANNEL, ASUPERVISOR_ATTEMPT
 (1, 2, ...) and ASUPERVISOR_RUN (one id per run) in their environment; with
 --workers N, TF_CONFIG too.
 """
