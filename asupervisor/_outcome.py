@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import enum
 import sys
+from collections.abc import Iterable
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -95,10 +96,11 @@ _EXIT_STATUS = {
 def is_permanent(error: BaseException) -> bool:
     """Whether a new attempt would meet ``error`` again: a wrong model or logdir, bad
     input or configuration, a diverged run. Anything else may be passing."""
-    from ._errors import CheckpointMismatchError, NanLossError  # DivergedError is one
+    from ._errors import CheckpointMismatchError, LogdirLockedError, NanLossError
 
     permanent: tuple[type[BaseException], ...] = (
         CheckpointMismatchError,
+        LogdirLockedError,  # another live run holds the logdir: a retry meets it again
         NanLossError,
         TypeError,
         ValueError,
@@ -112,3 +114,20 @@ def is_permanent(error: BaseException) -> bool:
     if isinstance(error, BaseExceptionGroup):
         return all(is_permanent(e) for e in error.exceptions)
     return isinstance(error, permanent)
+
+
+# Worse first: what a job's outcome is when its processes ended differently.
+_SEVERITY = (
+    Outcome.FAILED_PERMANENTLY,
+    Outcome.STUCK,
+    Outcome.FAILED,
+    Outcome.INTERRUPTED,
+    Outcome.PREEMPTED,
+    Outcome.DONE,
+)
+
+
+def worst(outcomes: Iterable[Outcome]) -> Outcome:
+    """The worst of several processes' outcomes (a job's): a failure no retry fixes, then
+    stuck, failed, interrupted, preempted, done. ``ValueError`` for none."""
+    return min(outcomes, key=_SEVERITY.index)

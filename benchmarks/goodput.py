@@ -18,7 +18,19 @@ run's duration):
   once (what a Kubernetes Job or SLURM's requeue does).
 
 Nothing else acts: the restarts are the top-level command's own (``asupervisor run``,
-or ``until python trainer.py; do sleep 1; done``). Goodput is productive steps per
+or ``until python trainer.py; do sleep 1; done``).
+
+**What each fault cost**, a second table: the steps trained since the last save and
+thrown away (``lost work``, at the speed before the fault), then the time from the fault
+to the next process's first step, split into noticing it and starting the next process
+(``notice``: for a hang, the deadline; for a preemption, the final save, the exit and the
+orchestrator's start), its imports and the model's build (none with a warm standby but
+the build), its ``restore`` and the time to its first step,
+and the speed of the next process against the one before. Each fault's floor is what it
+cannot cost less than: a kill or an exception, the lost work plus a restore; a hang, that
+plus the deadline (``--stuck-after``); a preemption, a cold start and a restore (the
+command is started again on a "new node", without a standby; its final save is part of
+``notice``). ``over floor`` is what the system added. Goodput is productive steps per
 wall-clock second under faults over the same without faults. This VM's speed drifts by
 up to 2x between runs minutes apart, so each run also measures its own training speed
 (steps per second while its processes trained, recorded by the trainer), and "goodput,
@@ -54,6 +66,25 @@ PREEMPT_GRACE = 30.0
 KINDS = ["kill", "kill", "kill", "exception", "hang", "preempt"]
 
 
+@dataclass(frozen=True)
+class Fault:
+    kind: str
+    at: float  # wall-clock time it was delivered
+    pid: int  # the process it was delivered to
+
+
+@dataclass(frozen=True)
+class Start:
+    """One trainer process's start, as it recorded it (``start-<pid>``)."""
+
+    pid: int
+    begun: float
+    imported: float
+    restored: float
+    restored_step: int
+    first: float
+
+
 @dataclass
 class Result:
     system: str
@@ -66,6 +97,7 @@ class Result:
     recoveries: list[tuple[str, float]] = field(default_factory=list)  # (fault, seconds)
     speed: float = 0.0  # steps per second while its processes trained (this run's machine)
     stalled: bool = False  # cut because no step was taken for --stall-secs
+    costs: list[dict[str, object]] = field(default_factory=list)  # one row per fault
 
     @property
     def rate(self) -> float:
@@ -158,12 +190,93 @@ def training_speed(workdir: str) -> float:
     first and last record of each: start-up and the time after the last record excluded)."""
     steps = seconds = 0.0
     for path in Path(workdir).glob("steps-*"):
-        records = [line.split() for line in path.read_text().splitlines() if line.strip()]
+        records = step_records(path)
         if len(records) >= 2:
-            (t0, s0), (t1, s1) = records[0], records[-1]
-            steps += float(s1) - float(s0)
-            seconds += float(t1) - float(t0)
+            (t0, s0, _), (t1, s1, _) = records[0], records[-1]
+            steps += s1 - s0
+            seconds += t1 - t0
     return steps / seconds if seconds else float("nan")
+
+
+def step_records(path: Path) -> list[tuple[float, int, int]]:
+    """``(time, this process's steps, global step)`` records of one process."""
+    records = []
+    for line in path.read_text().splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            records.append((float(parts[0]), int(parts[1]), int(parts[2])))
+    return records
+
+
+def process_speed(workdir: str, pid: int) -> float | None:
+    path = Path(workdir, f"steps-{pid}")
+    records = step_records(path) if path.exists() else []
+    if len(records) < 2 or records[-1][0] <= records[0][0]:
+        return None
+    return (records[-1][1] - records[0][1]) / (records[-1][0] - records[0][0])
+
+
+def starts(workdir: str) -> list[Start]:
+    found = []
+    for path in Path(workdir).glob("start-*"):
+        try:
+            begun, imported, restored, step, first = path.read_text().split()
+        except (OSError, ValueError):
+            continue
+        pid = int(path.name.split("-")[1])
+        found.append(Start(pid, float(begun), float(imported), float(restored), int(step),
+                           float(first)))  # fmt: skip
+    return sorted(found, key=lambda s: s.first)
+
+
+def fault_costs(
+    system: str, faults: list[Fault], workdir: str, began_wall: float, args: argparse.Namespace
+) -> list[dict[str, object]]:
+    """One row per fault: what it cost, split as the module docstring says."""
+    rows: list[dict[str, object]] = []
+    known = starts(workdir)
+    overall = training_speed(workdir)
+    for fault in faults:
+        # A fault right after a start leaves too few records for the process's own speed.
+        speed = process_speed(workdir, fault.pid) or (overall if overall > 0 else None)
+        path = Path(workdir, f"steps-{fault.pid}")
+        records = [r for r in step_records(path) if r[0] <= fault.at] if path.exists() else []
+        after = next((s for s in known if s.first > fault.at and s.pid != fault.pid), None)
+        row: dict[str, object] = {"system": system, "fault": fault.kind,
+                                  "at s": round(fault.at - began_wall, 1)}  # fmt: skip
+        if after is None or speed is None or not records:
+            rows.append(row | {"cost s": "not recovered"})
+            continue
+        t_last, _, step_last = records[-1]
+        at_fault = step_last + speed * (fault.at - t_last)  # within one record's steps
+        lost_steps = max(0.0, at_fault - after.restored_step) if after.restored_step >= 0 else 0.0
+        lost = lost_steps / speed
+        restore = after.restored - after.imported
+        first = after.first - after.restored
+        imports = after.imported - after.begun
+        # A preempted command starts again cold (a new node has no standby): its imports
+        # are part of its floor; its final save is part of "notice".
+        floor = restore + first + (imports if fault.kind == "preempt" else lost)
+        if fault.kind == "hang":
+            floor += args.stuck_after
+        recovery = after.first - fault.at
+        speed_after = process_speed(workdir, after.pid)
+        rows.append(
+            row
+            | {
+                "lost steps": round(lost_steps),
+                "lost work s": round(lost, 2),
+                "notice s": round(after.begun - fault.at, 2),
+                "imports, build s": round(imports, 2),
+                "restore s": round(restore, 2),
+                "to first step s": round(first, 2),
+                "cost s": round(lost + recovery, 2),
+                "floor s": round(floor, 2),
+                "over floor s": round(lost + recovery - floor, 2),
+                "speed after %": None if speed_after is None else round(100 * speed_after / speed),
+            }
+        )
+    return rows
 
 
 def start(cmd: list[str], log: object) -> subprocess.Popen[bytes]:
@@ -193,9 +306,10 @@ def run(
 ) -> Result:
     workdir = tempfile.mkdtemp(prefix=f"goodput-{system}-")
     result = Result(system, bool(schedule))
+    delivered: list[Fault] = []
     log = open(os.path.join(keep, f"{system}-{'faults' if schedule else 'clean'}.log"), "wb")
     cmd = command(system, workdir, args)
-    began = time.monotonic()
+    began, began_wall = time.monotonic(), time.time()
     proc = start(cmd, log)
     pending = list(schedule)
     waiting: list[tuple[str, float, int]] = []  # faults whose recovery is not seen yet
@@ -229,6 +343,7 @@ def run(
                     waiting.append((kind, time.time(), pid))
                     if kind == "hang":
                         result.hung_at = now
+                    delivered.append(Fault(kind, time.time(), pid))
                     deliver(kind, pid, proc)
             time.sleep(0.05)
         # A run cut by the budget or by a stall is charged the whole budget: a person
@@ -247,6 +362,7 @@ def run(
         time.sleep(0.5)
         result.productive = productive_steps(system, workdir, args)
         result.speed = training_speed(workdir)
+        result.costs = fault_costs(system, delivered, workdir, began_wall, args)
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return result
@@ -346,8 +462,27 @@ def main() -> None:
             f"{100 * f.rate / c.rate:.1f}% | **{100 * f.own_goodput:.1f}%** (fault-free run: "
             f"{100 * c.own_goodput:.1f}%) | {done} | {recoveries} |"
         )
+    costs = [row for system in systems for row in faulted[system].costs]
+    print("\nwhat each fault cost (seconds):\n")
+    columns = list(dict.fromkeys(key for row in costs for key in row))
+    print("| " + " | ".join(columns) + " |")
+    print("|---" * len(columns) + "|")
+    for row in costs:
+        print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
     print(f"\nlogs: {keep}")
-    write_results(args, schedule, clean, faulted, names)
+    write_results(args, schedule, clean, faulted, names, costs)
+
+
+LOAD_AT_START = os.getloadavg()
+
+
+def load() -> str:
+    """The machine's load while the benchmark ran (it is shared: say what was seen)."""
+    end = os.getloadavg()
+    return (
+        f"load average (1/5/15 min) {' / '.join(f'{x:.1f}' for x in LOAD_AT_START)} at the "
+        f"start, {' / '.join(f'{x:.1f}' for x in end)} at the end, on {os.cpu_count()} cores"
+    )
 
 
 def finished(result: Result) -> str:
@@ -365,6 +500,7 @@ def write_results(
     clean: dict[str, Result],
     faulted: dict[str, Result],
     names: dict[str, str],
+    costs: list[dict[str, object]],
 ) -> None:
     """The figures the docs show (``benchmarks/results/goodput.json``), so that no table
     is copied by hand."""
@@ -394,6 +530,8 @@ def write_results(
         steps=args.steps,
         save_steps=args.save_steps,
         faults=[[kind, round(at)] for at, kind in schedule],
+        load=load(),
+        costs=costs,
     )
 
 

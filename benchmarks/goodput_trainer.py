@@ -11,7 +11,9 @@ Each trains until the optimizer has taken ``N`` steps, saving every ``S`` steps,
 writes ``WORKDIR/done`` when it has. Faults are injected the same way into all three:
 SIGUSR2 makes the next step raise, SIGRTMIN+1 makes the next step sleep forever (a hang).
 The trainer writes its pid into ``WORKDIR/pid`` at its first step: the harness sends its
-faults to a process that trains.
+faults to a process that trains. Each process also writes ``WORKDIR/start-<pid>``: when
+its script began, when its imports were done, when its state was restored (and from which
+step), and when its first step began, so that the harness can say what each fault cost.
 """
 
 from __future__ import annotations
@@ -20,7 +22,9 @@ import signal
 import sys
 import time
 
+BEGUN = time.time()  # the script's first line (in a warm standby: once handed the command)
 FAULT = {"crash": False, "hang": False}
+RECORD_EVERY = 20  # steps between two records of the step log
 HANG = signal.SIGRTMIN + 1
 
 
@@ -55,24 +59,33 @@ def parse() -> argparse.Namespace:
 
 class Faults:
     """Called at the start of every step, in every system. It also records this process's
-    steps: ``WORKDIR/steps-<pid>`` gets ``time steps`` every ``every`` steps, from which
-    the harness reads how fast the machine trained during the very run it measures."""
+    steps: ``WORKDIR/steps-<pid>`` gets ``time steps global_step`` every ``every`` steps,
+    from which the harness reads how fast the machine trained during the very run it
+    measures, and where each process was when a fault came."""
 
     def __init__(self, workdir: str, every: int) -> None:
         self.workdir = workdir
         self.every = every
         self.steps = 0
         self.log = os.path.join(workdir, f"steps-{os.getpid()}")
+        self.imported: float | None = None
+        self.restored: tuple[float, int] | None = None  # (when, from which step)
 
     def __call__(self) -> None:
         if self.steps == 0:
+            now = time.time()
+            imported = self.imported or now
+            restored_at, restored_step = self.restored or (now, -1)
+            with open(os.path.join(self.workdir, f"start-{os.getpid()}"), "w") as f:
+                f.write(f"{BEGUN} {imported} {restored_at} {restored_step} {now}\n")
             path = os.path.join(self.workdir, "pid")
             with open(path + ".tmp", "w") as f:
-                f.write(f"{os.getpid()} {time.time()}\n")
+                f.write(f"{os.getpid()} {now}\n")
             os.replace(path + ".tmp", path)
         if self.steps % self.every == 0:
-            with open(self.log, "a") as f:
-                f.write(f"{time.time()} {self.steps}\n")
+            base = max(self.restored[1], 0) if self.restored else 0
+            with open(self.log, "a") as f:  # time, this process's steps, the global step
+                f.write(f"{time.time()} {self.steps} {base + self.steps}\n")
         self.steps += 1
         if FAULT["crash"]:
             raise RuntimeError("injected: a bug in the step")
@@ -121,6 +134,7 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
     from asupervisor.hooks import StopAtStepHook
 
     tf, model, optimizer, data = build()
+    faults.imported = time.time()
     step = train_step(tf, model, optimizer)
 
     def faulty_step(x: Any, y: Any) -> Any:
@@ -141,6 +155,7 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
             hooks=[StopAtStepHook(last_step=args.steps)],
         )
         async with sv.session() as sess:
+            faults.restored = (time.time(), sess.restore_report.step)
             await sess.train(faulty_step, data)
         if sess.global_step >= args.steps:
             open(os.path.join(args.workdir, "done"), "w").close()
@@ -150,11 +165,13 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
 
 def run_loop(args: argparse.Namespace, faults: Faults) -> int:
     tf, model, optimizer, data = build()
+    faults.imported = time.time()
     step = train_step(tf, model, optimizer)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
     manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.workdir, "logdir"), 3)
     checkpoint.restore(manager.latest_checkpoint)
     done = int(optimizer.iterations.numpy())
+    faults.restored = (time.time(), done)
     for x, y in data:
         if done >= args.steps:
             break
@@ -171,6 +188,7 @@ def run_fit(args: argparse.Namespace, faults: Faults) -> int:
     import keras
 
     _, model, optimizer, data = build()
+    faults.imported = time.time()  # BackupAndRestore restores inside fit
     model.compile(
         optimizer=optimizer,
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
@@ -197,7 +215,7 @@ def run_fit(args: argparse.Namespace, faults: Faults) -> int:
 
 if __name__ == "__main__":
     arguments = parse()
-    injector = Faults(arguments.workdir, arguments.save_steps)
+    injector = Faults(arguments.workdir, RECORD_EVERY)
     runner = {"asv": run_asv, "loop": run_loop, "fit": run_fit}[arguments.system]
     status = runner(arguments, injector)
     import gc

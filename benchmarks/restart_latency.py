@@ -4,8 +4,8 @@
     python benchmarks/restart_latency.py --megabytes 100 --trials 3
 
 A trainer with a checkpoint of ``--megabytes`` runs under ``asupervisor run``; once it
-trains (and, with ``--standby``, once the standby has finished its imports: its CPU time
-stops growing), it is killed with SIGKILL. The time from the kill to the first step of
+trains (and, with ``--standby``, once the standby said it is ready: ``standby.ready``), it
+is killed with SIGKILL. The time from the kill to the first step of
 the next attempt is measured on the wall clock (the trainer prints when its first step
 ended), and split into: the supervisor's restart (the kill to the script's first line),
 the script's imports, the session's start-up (the verified restore) and the first step
@@ -111,7 +111,7 @@ class Run:
     def _err(self) -> None:
         assert self.proc.stderr is not None
         for line in self.proc.stderr:
-            if "standby.started" in line:
+            if "standby.ready" in line:
                 with self._lock:
                     self.standbys.append(int(line.split("pid=")[1].split()[0]))
                     self._lock.notify_all()
@@ -130,24 +130,6 @@ class Run:
             self.proc.wait(120)
         except subprocess.TimeoutExpired:
             self.proc.kill()
-
-
-def cpu_seconds(pid: int) -> float:
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
-def wait_idle(pid: int, quiet_secs: float = 1.0, timeout: float = 120) -> None:
-    """Until the process's CPU time has not grown for ``quiet_secs`` (its imports are done)."""
-    deadline = time.monotonic() + timeout
-    last, since = cpu_seconds(pid), time.monotonic()
-    while time.monotonic() - since < quiet_secs:
-        if time.monotonic() > deadline:
-            raise RuntimeError("the standby never went idle")
-        time.sleep(0.1)
-        now = cpu_seconds(pid)
-        if now != last:
-            last, since = now, time.monotonic()
 
 
 def memory_mib(pid: int) -> tuple[float, float]:
@@ -169,7 +151,6 @@ def trial(run: Run, attempt: int, standby: bool) -> dict[str, float]:
     memory = (0.0, 0.0)
     if standby:
         run.wait("standbys", attempt)
-        wait_idle(run.standbys[attempt - 1])
         memory = memory_mib(run.standbys[attempt - 1])
     trainer_memory = memory_mib(pid)
     killed = time.time()

@@ -215,3 +215,104 @@ def test_a_file_that_is_not_a_beat_is_refused(tmp_path: Path) -> None:
 def test_heartbeat_secs_is_checked(logdir: str) -> None:
     with pytest.raises(ValueError, match="heartbeat_secs"):
         asv.Supervisor(logdir, heartbeat_secs=-1)
+
+
+def test_a_session_that_ended_in_a_process_that_still_runs_is_stale_after_max_age() -> None:
+    now = time.time()
+    ended = beat(phase=Phase.CLOSED, outcome=asv.Outcome.DONE, exit_status=0, written_at=now - 5)
+    assert not judge(ended, now, 3, 60).stale  # a reader that knows nothing of the process
+    verdict = judge(ended, now, 3, 60, still_running=True)
+    assert verdict.stale and "its process still runs (limit 3 s)" in verdict.why
+    assert not judge(ended, now, 10, 60, still_running=True).stale
+
+
+def session(**fields: Any) -> _ledger.SessionRecord:
+    return _ledger.SessionRecord(**{"session": "s", **fields})
+
+
+def test_inspect_tables_fit_their_columns_and_a_session_stopped_as_it_began_says_so() -> None:
+    entries = [
+        session(host="a-very-long-host-name.example.org", pid=123456, started="2026-01-01T00:00:00",
+                source="fresh", restored_step=0, ended="2026-01-01T00:01:00", step=10,
+                outcome="failed_permanently", exit_status=78, reason="exception",
+                error="ValueError: bad"),
+        session(host="h", pid=7, started="2026-01-01T00:02:00", source="interrupted",
+                restored_step=0, ended="2026-01-01T00:02:01", step=10, outcome="done",
+                exit_status=0, reason="step_limit"),
+    ]  # fmt: skip
+    header, *rows = ledger_table(entries)[1:]
+    starts = [header.index(name) for name in ("host:pid", "outcome", "reason")]
+    for row in rows:  # every cell begins where its column does, whatever its width
+        assert [row[i - 2 : i] == "  " and row[i] != " " for i in starts] == [True] * 3, row
+    assert "interrupted" not in rows[1]
+    assert rows[1].split()[3:5] == ["10", "10"] and "no step trained" in rows[1]
+
+
+def test_goodput_and_what_each_restart_cost_come_from_the_ledgers_times() -> None:
+    from asupervisor._logdir.costs import goodput
+
+    t = 1_000_000.0
+    iso = lambda s: _iso(t + s)  # noqa: E731
+    entries = [
+        session(started=iso(0), source="fresh", restored_step=0, first_step_at=t + 10,
+                committed_step=50, committed_at=t + 60, ended=iso(70), step=55,
+                outcome="failed", exit_status=1),
+        session(started=iso(80), source="checkpoint", restored_step=50,
+                restored_commit_at=t + 60, first_step_at=t + 90),  # killed: no end line
+        session(started=iso(200), source="checkpoint", restored_step=100,
+                restored_commit_at=t + 190, first_step_at=t + 205, ended=iso(300), step=200,
+                outcome="done", exit_status=0, committed_step=200, committed_at=t + 299),
+    ]  # fmt: skip
+    found = goodput(entries)
+    assert found is not None
+    first, second = found.restarts
+    assert (first.after, first.reached, first.restored, first.lost_steps) == (
+        "failed (1)", 55, 50, 5,
+    )  # fmt: skip
+    assert (first.lost_secs, first.down_secs) == (30.0, 20.0)
+    assert (second.after, second.lost_steps, second.lost_secs, second.down_secs) == (
+        "no end recorded (killed)", None, 15.0, None,
+    )  # fmt: skip
+    # Lost: the first start-up (10 s), 60..90 and 190..205: 55 s of the 300 s.
+    assert (found.wall_secs, found.lost_secs) == (300.0, 55.0)
+    assert f"{found.fraction:.4f}" == f"{1 - 55 / 300:.4f}"
+
+
+def _iso(seconds: float) -> str:
+    from datetime import datetime, timezone
+
+    return datetime.fromtimestamp(seconds, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+@pytest.mark.anyio
+async def test_a_session_tells_the_runner_its_commits_not_its_restores(
+    logdir: str, pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asupervisor._logdir import channel as _channel
+
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    monkeypatch.setenv(_channel.ENV, str(write_end))
+    monkeypatch.setenv(_heartbeat.ENV_RUN, "run-1")
+    try:
+        async with pair_supervisor(logdir, pair, heartbeat_secs=0.05).session() as sess:
+            for _ in range(5):
+                await sess.run(pair.step)  # commits at 2 and 4, the final save at 5
+                await anyio.sleep(0.15)  # beats between: each commit is seen
+        async with pair_supervisor(logdir, Pair(), heartbeat_secs=0.05).session() as sess:
+            await anyio.sleep(0.2)  # beats: it restored 5 and commits nothing
+        reports = _channel.Receiver().feed(os.read(read_end, 1 << 20))
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    began = [r for r in reports if isinstance(r, _channel.SessionBegan)]
+    assert [b.stop_grace_secs for b in began] == [120.0, 120.0] and began[0].chief
+    commits = [(r.session, r.step) for r in reports if isinstance(r, _channel.Commit)]
+    # The fresh start's checkpoint, two saves, the final save; the restore of 5: nothing.
+    assert commits == [(began[0].session, step) for step in (0, 2, 4, 5)]
+    beats = [r for r in reports if isinstance(r, Beat) and r.session == began[1].session]
+    assert beats and beats[-1].outcome is asv.Outcome.DONE and beats[-1].last_commit_step == 5
+    first, second = _ledger.sessions(_ledger.read(Store(logdir)))
+    assert (first.run, first.committed_step, second.committed_step) == ("run-1", 5, None)
+    assert first.first_step_at is not None and second.restored_commit_at is not None
+    assert second.restored_commit_at == pytest.approx(first.committed_at, abs=1.0)

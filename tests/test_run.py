@@ -8,8 +8,10 @@ runs real training sessions under it.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -17,6 +19,7 @@ import textwrap
 import time
 from pathlib import Path
 
+import anyio
 import pytest
 
 from asupervisor._logdir import heartbeat as _heartbeat
@@ -45,17 +48,30 @@ def child(tmp_path: Path, source: str) -> str:
     return str(path)
 
 
-# A child that "saves" a checkpoint (the state file names it) and then fails.
-SAVES_THEN_FAILS = """
-    import os, signal, sys
+# What a session tells `asupervisor run` on its channel, in a tiny child's words.
+TELL = """
+    import json, os, time
+    def tell(kind, **fields):
+        line = json.dumps({"kind": kind, **fields}) + "\\n"
+        os.write(int(os.environ["ASUPERVISOR_CHANNEL"]), line.encode())
+"""
+
+# A child that saves a checkpoint (the state file names it, and it tells the commit) and
+# then fails.
+SAVES_THEN_FAILS = (
+    TELL
+    + """
+    import signal, sys
     logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
     step = int(sys.argv[2]) if len(sys.argv) > 2 else 10 * attempt
     with open(os.path.join(logdir, "checkpoint"), "w") as f:
         f.write(f'model_checkpoint_path: "model.ckpt-{step}"\\n')
+    if len(sys.argv) == 2:
+        tell("commit", session=f"s{attempt}", step=step, at=time.time())
     print(f"attempt {attempt} step {step}", flush=True)
     print(f"noise\\n" * 30 + f"boom at step {step}", file=sys.stderr, flush=True)
     if len(sys.argv) > 2:
-        sys.exit(1)  # always the same step: a crash loop
+        sys.exit(1)  # always the same step, committed by nobody: a crash loop
     if attempt == 1:
         sys.exit(1)
     if attempt == 2:
@@ -63,6 +79,7 @@ SAVES_THEN_FAILS = """
     if attempt == 3:
         raise RuntimeError("a bug that strikes once")
 """
+)
 
 
 def test_three_crashes_with_progress_between_are_each_restarted_and_the_run_finishes(
@@ -107,13 +124,44 @@ def test_a_crash_loop_gives_up_with_a_report_naming_the_step(tmp_path: Path) -> 
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1, err
     report = err[err.index("crash loop") :]
-    assert "3 failures in a row without a checkpoint newer than step 7" in report
+    assert "3 failures in a row without a checkpoint committed by this run" in report
+    assert "(the newest it committed: none; the logdir's newest: step 7)" in report
     rows = [line.split() for line in report.splitlines() if line.strip()[:1].isdigit()]
-    assert [(row[0], row[1], row[4], row[5]) for row in rows] == [
-        (n, "1", "7", "no") for n in "123"
+    assert [(row[0], row[1], row[3], row[4]) for row in rows] == [
+        (n, "1", "?", "none") for n in "123"
     ]
     assert "    | noise\n    | boom at step 7\n" in report  # the last lines of its stderr
     assert err.count("child.started") == 3
+
+
+ANOTHER_WRITER = (
+    TELL
+    + """
+    import sys
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    # Another run's chief advances the logdir; this child commits nothing and fails.
+    with open(os.path.join(logdir, "checkpoint"), "w") as f:
+        f.write(f'model_checkpoint_path: "model.ckpt-{100 * attempt}"\\n')
+    tell("session", session=f"s{attempt}", pid=os.getpid(), chief=True, stop_grace_secs=1)
+    sys.exit(1)
+"""
+)
+
+
+def test_checkpoints_another_process_writes_do_not_refill_this_runs_budget(
+    tmp_path: Path,
+) -> None:
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    script = child(tmp_path, ANOTHER_WRITER)
+    run = supervisor(
+        "--logdir", str(logdir), "--backoff", "0.05", "--", sys.executable, script, str(logdir)
+    )
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err
+    assert err.count("child.started") == 3 and "crash loop: 3 failures in a row" in err
+    assert "progress='yes" not in err
+    assert "the logdir's newest: step 300" in err  # it moved, and was not this run's
 
 
 @pytest.mark.parametrize("status", [0, 42, 78, 130])
@@ -148,10 +196,15 @@ def test_a_bad_configuration_is_not_retried(tmp_path: Path) -> None:
     assert "78 (failed_permanently)" in err and "run.restarting" not in err
 
 
-def test_a_command_that_cannot_run_is_not_retried(tmp_path: Path) -> None:
-    run = supervisor("--", str(tmp_path / "no-such-command"))
-    _, err = run.communicate(timeout=60)
-    assert run.returncode == 127 and "cannot run" in err and err.count("child.started") == 1
+def test_a_command_that_cannot_run_is_one_line(tmp_path: Path) -> None:
+    for args, status in [
+        (["--", str(tmp_path / "no-such-command")], 127),
+        (["--logdir", str(tmp_path)], 2),  # no command at all
+    ]:
+        run = supervisor(*args)
+        _, err = run.communicate(timeout=60)
+        assert run.returncode == status, err
+        assert len(err.splitlines()) == 1 and err.startswith("asupervisor run: error:"), err
 
 
 STUBBORN = """
@@ -187,15 +240,20 @@ def wait_gone(pids: list[int], timeout: float = 10) -> bool:
     return True
 
 
-def test_a_stop_waits_the_grace_then_kills_the_whole_group(tmp_path: Path) -> None:
+def test_a_child_killed_after_the_grace_of_a_stop_is_reported_so_not_as_stuck(
+    tmp_path: Path,
+) -> None:
     run = supervisor("--grace", "1", "--", sys.executable, child(tmp_path, STUBBORN))
     pids = started_pids(run)
     run.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     _, err = run.communicate(timeout=60)
     # Bounded by what happened: the child ignored SIGTERM and was killed after its grace.
-    assert run.returncode == 124, err
-    assert "killed after the grace period" in err and time.monotonic() - sent < 30
+    assert run.returncode == 137, err  # its status, as the facts say: SIGKILLed
+    (exited,) = [line for line in err.splitlines() if "child.exited" in line]
+    assert "status='137 (SIGKILL)'" in exited and "stuck" not in exited, exited
+    assert "killed after the grace period of the stop (the run was asked to stop)" in exited
+    assert time.monotonic() - sent < 30
     assert wait_gone(pids), pids  # the child and the process it started
 
 
@@ -263,6 +321,7 @@ def test_help_says_what_it_does_and_the_command_line_imports_no_tensorflow() -> 
     assert done.stdout.rstrip().endswith("False"), done.stdout + done.stderr
     for text in ("examples:", "exit status", "42 ", "crash loop", "--standby", "SIGUSR1"):
         assert text in done.stdout, text
+    assert "(default: 150)" in done.stdout and "stop_grace_secs" in done.stdout
 
 
 def test_which_commands_a_standby_can_take(tmp_path: Path) -> None:
@@ -300,4 +359,226 @@ def test_health_judges_a_heartbeat(tmp_path: Path, capsys: pytest.CaptureFixture
     report = json.loads(capsys.readouterr().out)
     assert not report["healthy"] and "train_step has run for" in report["why"]
     other.write_text("{")
-    assert main(["health", str(other)]) == 2
+    assert main(["health", str(other)]) == 3  # cannot tell: a damaged beat is not "stale"
+
+
+IMPORTING = """
+    import time
+    print("importing", flush=True)  # no session yet: no handler for the stop signal
+    time.sleep(600)
+"""
+
+
+def test_sigterm_while_the_child_is_still_importing_is_a_preemption(tmp_path: Path) -> None:
+    run = supervisor("--", sys.executable, child(tmp_path, IMPORTING))
+    assert run.stdout is not None and run.stdout.readline() == "importing\n"
+    run.send_signal(signal.SIGTERM)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 42, err  # nothing trained, nothing lost: start it again
+    (exited,) = [line for line in err.splitlines() if "child.exited" in line]
+    assert "status='42 (preempted)'" in exited and "143 (SIGTERM)" in exited, exited
+
+
+def test_a_child_dead_of_the_stop_signal_after_its_session_began_keeps_its_status() -> None:
+    from asupervisor._run.attempt import Kill, StopCause, passed_on
+
+    term = int(signal.SIGTERM)
+    assert passed_on(143, StopCause.REQUESTED, None, None, True, term) == 42  # untrained
+    assert passed_on(143, StopCause.REQUESTED, None, None, False, term) == 143  # it ran
+    assert passed_on(143, StopCause.PEER, None, None, True, term) == 143  # one for all
+    assert passed_on(143, None, None, None, True, term) == 143  # not the runner's signal
+    assert passed_on(137, StopCause.REQUESTED, Kill.PAST_DEADLINE, None, False, term) == 137
+    assert passed_on(0, StopCause.STUCK, None, "no heartbeat", False, term) == 124
+
+
+WORKERS = """
+    import json, os, signal, sys, time
+    rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    attempt = os.environ["ASUPERVISOR_ATTEMPT"]
+    # A collective that loses its peer fails: the survivor exits 1 when stopped.
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(1))
+    ready = os.path.join(sys.argv[1], f"ready-{attempt}-{rank}")
+    open(ready, "w").close()
+    print(f"attempt {attempt} worker {rank} pid {os.getpid()}", flush=True)
+    if rank == 1 and attempt == "1":
+        while not os.path.exists(os.path.join(sys.argv[1], "ready-1-0")):  # its peer is up
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
+    if attempt == "2":
+        sys.exit(0)
+    time.sleep(600)
+"""
+
+
+def test_the_restart_after_a_worker_died_names_that_worker(tmp_path: Path) -> None:
+    script = child(tmp_path, WORKERS)
+    run = supervisor(
+        "--workers", "2", "--backoff", "0", "--", sys.executable, script, str(tmp_path)
+    )
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    (restart,) = [line for line in err.splitlines() if "run.restarting" in line]
+    assert "after='worker 1: 137 (SIGKILL)'" in restart, restart
+    exits = [line for line in err.splitlines() if "child.exited attempt=1" in line]
+    assert any("worker=0 status='1 (failed)'" in line for line in exits), exits
+
+
+SLOW_IMPORT = """
+    import time
+    time.sleep(float(open(__file__ + ".secs").read()))
+"""
+
+STANDBY_CHILD = """
+    import os, sys, time
+    attempt = os.environ["ASUPERVISOR_ATTEMPT"]
+    warm = "slowimport" in sys.modules
+    print(f"attempt {attempt} warm {warm} nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
+    if attempt == "1":
+        time.sleep(600)
+"""
+
+
+def nice_values(pid: int) -> list[int]:
+    """The nice value of each thread of ``pid``."""
+    values = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            values.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
+    return values
+
+
+def test_a_standby_imports_at_the_lowest_priority_and_says_when_it_is_ready(
+    tmp_path: Path,
+) -> None:
+    module = tmp_path / "slowimport.py"
+    module.write_text(textwrap.dedent(SLOW_IMPORT))
+    Path(f"{module}.secs").write_text("3")
+    script = child(tmp_path, STANDBY_CHILD)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.Popen(
+        [sys.executable, "-m", "asupervisor", "run", "--standby", "--preload", "slowimport",
+         "--", sys.executable, script],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+    assert run.stdout is not None and run.stderr is not None
+    try:
+        first = run.stdout.readline()
+        assert first.startswith("attempt 1 warm False nice 0"), first
+        lines: list[str] = []
+
+        def until(event: str) -> str:
+            while not any(event in line for line in lines):
+                lines.append(run.stderr.readline())  # type: ignore[union-attr]
+                assert lines[-1], "\n".join(lines)  # the run ended
+            return next(line for line in lines if event in line)
+
+        standby = int(until("standby.started").split("pid=")[1].split()[0])
+        # While it imports, a thread of it runs at the lowest priority, its main one not.
+        deadline = time.monotonic() + 60
+        while 19 not in (importing := nice_values(standby)) and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert "imports_secs=" in until("standby.ready")
+        assert 19 in importing and 0 in importing, importing
+        child_pid = int(
+            next(ln for ln in lines if "child.started" in ln).split("pid=")[1].split()[0]
+        )
+        os.kill(child_pid, signal.SIGKILL)
+        out, err = run.communicate(timeout=60)
+    finally:
+        run.kill()
+    assert run.returncode == 0, err
+    assert out.splitlines() == ["attempt 2 warm True nice 0"], out  # its command: at nice 0
+    assert "start=standby" in err and "still importing" not in err
+
+
+SESSION_GRACE = (
+    TELL
+    + """
+    tell("session", session="s", pid=os.getpid(), chief=True, stop_grace_secs=120.0)
+    time.sleep(1)
+"""
+)
+
+
+def test_a_grace_that_leaves_no_time_for_the_childs_own_stop_is_said(tmp_path: Path) -> None:
+    run = supervisor("--grace", "60", "--", sys.executable, child(tmp_path, SESSION_GRACE))
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 0, err
+    (told,) = [line for line in err.splitlines() if "run.grace_too_short" in line]
+    assert "grace_secs=60" in told and "child_stop_grace_secs=120.0" in told, told
+
+
+def test_health_that_cannot_read_the_heartbeat_says_cannot_tell_not_stale(
+    tmp_path: Path,
+) -> None:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
+    # A store without a file system here, and one out of reach (a dead proxy: TF's GCS
+    # client retries for minutes; --timeout bounds it).
+    offline = {**env, "https_proxy": "http://127.0.0.1:9", "NO_GCE_CHECK": "True",
+               "GOOGLE_AUTH_TOKEN_FOR_TESTING": "x"}  # fmt: skip
+    for target, extra, environment in [
+        ("s3://bucket/run", [], env),
+        ("gs://bucket/run", ["--timeout", "2"], offline),
+    ]:
+        done = subprocess.run(
+            [sys.executable, "-m", "asupervisor", "health", target, *extra],
+            capture_output=True, text=True, timeout=120, env=environment,
+        )  # fmt: skip
+        assert done.returncode == 3, done.stderr
+        mine = [line for line in done.stderr.splitlines() if line.startswith("asupervisor")]
+        assert len(mine) == 1 and "cannot tell" in mine[0], done.stderr
+        assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_logdir_that_cannot_be_read_is_a_phrase_in_the_report_not_a_traceback(
+    tmp_path: Path,
+) -> None:
+    script = child(tmp_path, "import sys; sys.exit(1)")
+    run = supervisor(
+        "--logdir", "s3://bucket/run", "--max-failures", "1", "--", sys.executable, script
+    )
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1, err
+    assert "Traceback" not in err, err
+    # TensorFlow says it has no s3://, or its import alone outlasts the bound under load.
+    assert "the logdir cannot be read" in err or "the logdir did not answer" in err, err
+
+
+def test_more_workers_than_the_open_file_limit_holds_is_one_line() -> None:
+    def low_limit() -> None:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (256, 256))
+
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "run", "--workers", "300", "--", "true"],
+        capture_output=True, text=True, timeout=60, env=env, preexec_fn=low_limit,
+    )  # fmt: skip
+    assert done.returncode == 2, done.stderr
+    assert len(done.stderr.splitlines()) == 1, done.stderr
+    assert "--workers 300 needs about" in done.stderr and "256" in done.stderr
+
+
+@pytest.mark.anyio
+async def test_a_process_reports_on_its_channel_and_its_end_is_seen(tmp_path: Path) -> None:
+    from asupervisor._logdir import channel as _channel
+    from asupervisor._run.process import Proc, spawn
+
+    heard: list[object] = []
+    ended: list[Proc] = []
+    code = textwrap.dedent(TELL) + textwrap.dedent(
+        """
+        tell("commit", session="s", step=5, at=1.0)
+        os.write(int(os.environ["ASUPERVISOR_CHANNEL"]), b"not a report\\n")
+        tell("ready", seconds=0.5)
+        """
+    )
+    async with anyio.create_task_group() as tg:
+        proc = await spawn(
+            [sys.executable, "-c", code], dict(os.environ), tg, lambda chunk: None,
+            lambda p, report: heard.append(report), ended.append,
+        )  # fmt: skip
+        with anyio.fail_after(30):
+            await proc.exited.wait()
+    assert heard == [_channel.Commit("s", 5, 1.0), _channel.Ready(0.5)]
+    assert (proc.heard.commits, proc.heard.committed, proc.returncode) == (1, 5, 0)
+    assert ended == [proc]

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -235,3 +236,174 @@ def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path)
     assert restored[0] == restored[1] and int(restored[0]) >= 20
     stops = {line for line in run.lines if "stopped" in line}
     assert stops == {f"worker {r} stopped {int(restored[0]) + 30} step_limit" for r in (0, 1)}
+
+
+TRAINS = """
+    import os, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    last_step, hang_after = int(sys.argv[2]), sys.argv[3]
+    v = tf.Variable(0.0)
+
+    async def main() -> None:
+        sv = asv.Supervisor(logdir, checkpoint={"v": v}, save_model_secs=0, save_model_steps=5,
+                            save_summaries_secs=0, heartbeat_secs=0.2, stop_grace_secs=1,
+                            hooks=[StopAtStepHook(last_step=last_step)])
+        async with sv.session() as sess:
+            print(f"attempt {attempt} pid {os.getpid()} restored {sess.restore_report.step}",
+                  flush=True)
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                await anyio.sleep(0.05)
+        print(f"attempt {attempt} ended {sess.outcome.value} at {sess.global_step}", flush=True)
+        if hang_after == "yes" and attempt == 1:
+            time.sleep(3600)  # the session has ended; the process never does
+
+    sys.exit(asv.run(main))
+"""
+
+
+def trains(tmp_path: Path, logdir: Path, last_step: int, hang_after: bool = False) -> list[str]:
+    script = tmp_path / "trains.py"
+    script.write_text(textwrap.dedent(TRAINS))
+    return [sys.executable, str(script), str(logdir), str(last_step), "yes" if hang_after else ""]
+
+
+def wait_for_file(path: Path, run: Supervised, timeout: float = 180) -> None:
+    """Until ``path`` exists: what is on disk, not a log line."""
+    deadline = time.monotonic() + timeout
+    while not path.exists():
+        assert time.monotonic() < deadline and run.proc.poll() is None, run.output
+        time.sleep(0.05)
+
+
+def test_a_second_run_on_a_logdir_another_run_holds_fails_permanently_at_once(
+    tmp_path: Path,
+) -> None:
+    logdir = tmp_path / "run"
+    first = Supervised("--logdir", str(logdir), "--", *trains(tmp_path, logdir, 10**6))
+    try:
+        wait_for_file(logdir / "model.ckpt-5.index", first)
+        second = Supervised("--logdir", str(logdir), "--", *trains(tmp_path, logdir, 10**6))
+        try:
+            code = second.finish()
+        finally:
+            second.proc.kill()
+        assert first.proc.poll() is None, first.output  # the first run goes on untouched
+        first.proc.send_signal(signal.SIGTERM)
+        assert first.finish() == 42, first.output
+    finally:
+        first.proc.kill()
+    assert code == 78, second.output  # LogdirLockedError: a retry meets it again
+    assert sum("child.started" in line for line in second.errors) == 1, second.output
+    assert any("LogdirLockedError" in line for line in second.errors), second.output
+
+
+def test_a_process_that_outlives_its_session_is_stuck(tmp_path: Path) -> None:
+    logdir = tmp_path / "run"
+    run = Supervised(
+        "--logdir", str(logdir), "--stuck-after", "6", "--backoff", "0",
+        "--", *trains(tmp_path, logdir, 10, hang_after=True),
+    )  # fmt: skip
+    try:
+        code = run.finish(timeout=240)
+    finally:
+        run.proc.kill()
+    assert code == 0, run.output  # the second attempt finds the run done, and exits
+    (stuck,) = [line for line in run.errors if "child.stuck" in line]
+    assert "the session has ended (done) at step 10" in stuck, stuck
+    assert "its process still runs (limit 6 s)" in stuck, stuck
+    assert [line for line in run.lines if "ended" in line] == [
+        "attempt 1 ended done at 10",
+        "attempt 2 ended done at 10",
+    ]
+
+
+def test_a_full_tmpdir_does_not_make_a_healthy_child_look_dead(tmp_path: Path) -> None:
+    logdir = tmp_path / "run"
+    tmpdir = tmp_path / "tmp"
+    tmpdir.mkdir()
+    os.environ["TMPDIR"] = str(tmpdir)  # the supervisor's scratch, if it has one
+    try:
+        run = Supervised(
+            "--logdir", str(logdir), "--stuck-after", "5",
+            "--", *trains(tmp_path, logdir, 10**6),
+        )  # fmt: skip
+    finally:
+        del os.environ["TMPDIR"]
+    try:
+        wait_for_file(logdir / "model.ckpt-10.index", run)
+        shutil.rmtree(tmpdir)  # nothing can be written there any more
+        tmpdir.write_text("full")
+        # Several --stuck-after periods of training while TMPDIR cannot be written.
+        wait_for_file(logdir / "model.ckpt-250.index", run)
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.finish()
+    finally:
+        run.proc.kill()
+    assert code == 42, run.output
+    assert not [line for line in run.errors if "child.stuck" in line], run.output
+    assert sum("child.started" in line for line in run.errors) == 1, run.output
+
+
+THREE_FAULTS = """
+    import os, signal, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    v = tf.Variable(0.0)
+
+    async def main() -> None:
+        sv = asv.Supervisor(logdir, checkpoint={"v": v}, save_model_secs=0, save_model_steps=5,
+                            save_summaries_secs=0, heartbeat_secs=0.2, stop_grace_secs=1,
+                            hooks=[StopAtStepHook(last_step=40)])
+        async with sv.session() as sess:
+            restored = sess.restore_report.step
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                at = sess.global_step - restored
+                if attempt == 1 and at == 8:
+                    raise RuntimeError("a bug that strikes once")
+                if attempt == 2 and at == 7:
+                    os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer
+                if attempt == 3 and at == 7:
+                    await sess.run(time.sleep, 3600)  # a step that never ends
+                await anyio.sleep(0.02)
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = tmp_path / "run"
+    script = tmp_path / "faults.py"
+    script.write_text(textwrap.dedent(THREE_FAULTS))
+    run = Supervised(
+        "--logdir", str(logdir), "--stuck-after", "8", "--startup-timeout", "120",
+        "--", sys.executable, str(script), str(logdir),
+    )  # fmt: skip
+    try:
+        code = run.finish(timeout=300)
+    finally:
+        run.proc.kill()
+    assert code == 0, run.output
+    sessions = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    assert [s.attempt for s in sessions] == [1, 2, 3, 4]
+    assert len({s.run for s in sessions}) == 1 and sessions[0].run is not None
+    assert [s.outcome for s in sessions] == ["failed", None, "stuck", "done"]
+    assert all(s.first_step_at is not None for s in sessions)
+    assert [s.restored_step for s in sessions] == [0, 5, 10, 15]
+    assert all(s.restored_commit_at is not None for s in sessions[1:])
+    capsys.readouterr()
+    assert main(["inspect", str(logdir), "--no-verify"]) == 0
+    shown = capsys.readouterr().out
+    print(shown)  # the report pastes it
+    assert "restarts (3, from asupervisor-ledger.jsonl):" in shown
+    assert re.search(r"goodput: \d+\.\d% of [\d.]+ s", shown), shown

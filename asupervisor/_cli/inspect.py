@@ -1,5 +1,5 @@
 """``asupervisor inspect``'s table: what a logdir holds, for people (``--json`` is the
-report itself)."""
+report itself). Every table's columns are as wide as their widest cell."""
 
 from __future__ import annotations
 
@@ -8,10 +8,13 @@ import time
 
 from .._kinds import RestoreSource
 from .._logdir import ledger as _ledger
+from .._logdir.costs import Goodput, goodput
 from .._logdir.heartbeat import Beat
 from .._logdir.ledger import SessionRecord
 from .._logdir.report import LogdirReport
-from .text import shown, size
+from .text import columns, shown, size
+
+REASON_CHARS = 80  # a session's reason (its error) is cut here: the last column
 
 
 def render(report: LogdirReport) -> str:
@@ -20,24 +23,23 @@ def render(report: LogdirReport) -> str:
     lines.append(f"latest checkpoint: {latest}  (step {report.latest_step})")
     lines.append("")
     lines.append(f"checkpoints ({len(report.checkpoints)}):")
-    lines.append(f"  {'step':>10}  {'saved (UTC)':<25}  {'size':>10}  readable  metrics")
+    rows = []
     for c in report.checkpoints:
         readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
         metrics = " ".join(f"{shown(k)}={v:.6g}" for k, v in sorted(c.metrics.items()))
         if c.healthy is False:
             metrics = "NOT HEALTHY (loss not finite) " + metrics
-        lines.append(
-            f"  {c.step:>10}  {c.saved:<25}  {size(c.bytes):>10}  {readable:<8}  {metrics}"
-        )
+        rows.append([str(c.step), c.saved, size(c.bytes), readable, metrics])
+    header = ["step", "saved (UTC)", "size", "readable", "metrics"]
+    lines += _indented(columns(header, rows, right={0, 2}))
     lines.append("")
     lines.append(f"tags ({len(report.tags)}):")
-    lines.append(f"  {'tag':<28}  {'kind':<9}  {'last value':>12}  {'steps':<17}  points")
+    rows = []
     for name, t in sorted(report.tags.items()):
         value = "" if t.last_value is None else f"{t.last_value:.6g}"
         steps = f"{t.first_step}..{t.last_step}"
-        lines.append(
-            f"  {shown(name):<28}  {shown(t.kind):<9}  {value:>12}  {steps:<17}  {t.points}"
-        )
+        rows.append([shown(name), shown(t.kind), value, steps, str(t.points)])
+    lines += _indented(columns(["tag", "kind", "last value", "steps", "points"], rows, {2, 4}))
     lines.append("")
     lines.append(f"events files ({len(report.events_files)}):")
     for f in report.events_files:
@@ -47,9 +49,15 @@ def render(report: LogdirReport) -> str:
     return "\n".join(lines)
 
 
+def _indented(table: list[str]) -> list[str]:
+    return ["  " + line for line in table]
+
+
 def ledger_lines(report: LogdirReport) -> list[str]:
-    """``asupervisor inspect``'s last sections: the sessions of the ledger, the heartbeat."""
+    """``asupervisor inspect``'s last sections: the sessions of the ledger, what each
+    restart cost, the heartbeat."""
     lines = ledger_table(report.sessions)
+    lines += restart_lines(report.sessions)
     if report.heartbeat is not None:
         beat = Beat.from_json(json.dumps(report.heartbeat).encode())
         lines += ["", f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
@@ -63,26 +71,74 @@ def ledger_table(entries: list[SessionRecord]) -> list[str]:
     lines = [f"sessions ({len(entries)}, from {_ledger.NAME}):"]
     if not entries:
         return lines
-    lines.append(
-        f"  {'started (UTC)':<25}  {'host:pid':<22}  {'from':>8}  {'to':>8}  "
-        f"{'outcome':<18}  status  reason"
-    )
+    rows = []
     for e in entries:
-        where = shown(f"{e.host}:{e.pid}")[:22]
+        where = shown(f"{e.host}:{e.pid}")
         started = shown((e.started or "?")[:19].replace("T", " "))  # UTC, to the second
-        restored = e.source == RestoreSource.CHECKPOINT.value
-        origin = str(e.restored_step) if restored else shown(e.source or "?")
+        origin = _origin(e)
         if e.ended is None:
             to, outcome, status, reason = "?", "no end recorded", "", "killed or still running"
         else:
             to = str(e.step)
             outcome, status = shown(e.outcome or "?"), str(e.exit_status)
             reason = shown(e.reason or "") + (f": {shown(e.error)}" if e.error else "")
-        lines.append(
-            f"  {started:<25}  {where:<22}  {origin:>8}  {to:>8}  "
-            f"{outcome:<18}  {status:>6}  {reason[:80]}"
+            if e.source == RestoreSource.INTERRUPTED.value:
+                reason += " (stopped as it began: no step trained)"
+        rows.append([started, where, origin, to, outcome, status, reason[:REASON_CHARS]])
+    header = ["started (UTC)", "host:pid", "from", "to", "outcome", "status", "reason"]
+    return lines + _indented(columns(header, rows, right={2, 3, 5}))
+
+
+def _origin(e: SessionRecord) -> str:
+    """Where a session began: the step it restored, or how it began without one."""
+    if e.source == RestoreSource.CHECKPOINT.value:
+        return str(e.restored_step)
+    if e.source == RestoreSource.INTERRUPTED.value:
+        # It stopped before it trained (a step limit already reached): it ends where it
+        # began, which the ledger has as its end step.
+        return "?" if e.step is None else str(e.step)
+    return shown(e.source or "?")
+
+
+def restart_lines(entries: list[SessionRecord]) -> list[str]:
+    """What each restart cost, and the run's goodput (``_logdir/costs``)."""
+    found = goodput(entries)
+    if found is None or not found.restarts:
+        return [] if found is None else ["", goodput_line(found)]
+    rows = []
+    for n, r in enumerate(found.restarts, 1):
+        rows.append(
+            [
+                str(n),
+                shown(r.after),
+                _text(r.reached),
+                _text(r.restored),
+                _text(r.lost_steps),
+                _text(r.lost_secs),
+                _text(r.down_secs),
+            ]
         )
-    return lines
+    header = ["#", "after", "at step", "restored", "lost steps", "lost (s)", "down (s)"]
+    lines = ["", f"restarts ({len(found.restarts)}, from {_ledger.NAME}):"]
+    lines += _indented(columns(header, rows, right={0, 2, 3, 4, 5, 6}))
+    lines.append(
+        "  lost: from the commit it restored to its first step (steps thrown away, the "
+        "restart, the restore, the first step); down: from the end of the one before"
+    )
+    return [*lines, goodput_line(found)]
+
+
+def goodput_line(found: Goodput) -> str:
+    return (
+        f"goodput: {100 * found.fraction:.1f}% of {found.wall_secs:.1f} s went into steps "
+        f"that were kept (start-ups and restarts lost {found.lost_secs:.1f} s)"
+    )
+
+
+def _text(value: int | float | None) -> str:
+    if value is None:
+        return "?"
+    return f"{value:.1f}" if isinstance(value, float) else str(value)
 
 
 def describe_beat(beat: Beat, now: float) -> str:

@@ -8,41 +8,60 @@ import argparse
 import json
 import math
 import os
+import shutil
 import signal
 import sys
+import threading
 import time
 from typing import Any
 
 from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import judge
 from .._logdir.store import Store, is_object_store
-from .._run.supervisor import DEFAULT_PRELOAD, RunConfig, run_command
+from .._run.supervisor import (
+    DEFAULT_GRACE_SECS,
+    DEFAULT_PRELOAD,
+    RunConfig,
+    files_needed,
+    make_room_for_files,
+    run_command,
+)
 from .text import shown
 
 RUN_DESCRIPTION = """\
 Run a training command and keep it running without a person: forward a graceful
-stop, restart it after a failure (all workers together), kill it when its heartbeat
-says it is stuck, and give up with a report when it fails again and again at the
-same place.
+stop, restart it after a failure (all workers together), kill it when it hangs, and
+give up with a report when it fails again and again without going forward.
 
 What is restarted: a failure (exit status 1, a death by a signal such as SIGKILL from
 the OOM killer) and a stuck run (124: the child's own watchdog, or a heartbeat past
 --stuck-after). What is passed on and not restarted: done (0), preempted (42), failed
 permanently (78: bad configuration or input, a checkpoint that does not fit the model,
-a NaN loss; 126/127: the command cannot run) and interrupted (130).
+a NaN loss, a logdir another live run holds; 126/127: the command cannot run) and
+interrupted (130).
 
-The restart budget is refilled by progress: a failure after which the logdir holds a
-newer checkpoint than when the attempt began costs nothing and restarts at once;
---max-failures failures in a row without one are a crash loop. Between those, the
-restart waits --backoff seconds, doubling up to --max-backoff.
+The restart budget is refilled by this run's progress: a failure of an attempt that
+committed a checkpoint (its session says so on its channel; a restore is not one, and
+what another process writes into the logdir never counts) costs nothing and restarts
+at once; --max-failures failures in a row without one are a crash loop. Between those,
+the restart waits --backoff seconds, doubling up to --max-backoff.
+
+Liveness: each process gets a pipe to the supervisor (ASUPERVISOR_CHANNEL) on which
+its session reports its heartbeat, its commits, and the writes it could not make
+elsewhere (reported, never a reason to kill). A child whose heartbeat stops, whose
+step runs longer than --stuck-after, or whose process still runs --stuck-after after
+its session ended, is stuck: the stop signal, SIGKILL 10 s later, and a restart.
 
 SIGTERM, SIGINT or SIGUSR1 (SLURM's requeue signal) to the supervisor sends
 --stop-signal to every child, waits --grace seconds for its final checkpoint, then
-kills what is left; a second SIGINT kills at once. Every child runs in a process group
-of its own, killed whole when the child ends and when the supervisor exits; a child
-also dies with the supervisor if the supervisor is SIGKILLed. The children get
-ASUPERVISOR_HEARTBEAT (the file their session beats into) and ASUPERVISOR_ATTEMPT
-(1, 2, ...) in their environment; with --workers N, TF_CONFIG too.
+kills what is left; a second SIGINT kills at once. A child that dies of that signal
+before its session began (still importing) was preempted: nothing trained, nothing
+lost (with --no-heartbeat nobody knows: its status is passed on). Every child runs
+in a process group of its own, killed whole when the child ends and when the
+supervisor exits; a child also dies with the supervisor if the supervisor is
+SIGKILLed. The children get ASUPERVISOR_CHANNEL, ASUPERVISOR_ATTEMPT
+(1, 2, ...) and ASUPERVISOR_RUN (one id per run) in their environment; with
+--workers N, TF_CONFIG too.
 """
 
 RUN_EPILOG = """\
@@ -53,16 +72,26 @@ examples:
   asupervisor run --workers 2 --logdir runs/mw -- python examples/multiworker.py \\
       --logdir runs/mw
 
+--grace and the session's stop_grace_secs: a stop gives the child's session
+stop_grace_secs (120 by default) for the work in flight and its final checkpoint;
+--grace must be more than that plus the few seconds a process takes to exit (the
+default, 150, is), and the orchestrator's own grace (Kubernetes'
+terminationGracePeriodSeconds) more than --grace. The supervisor says
+run.grace_too_short when a child's stop_grace_secs does not fit.
+
 exit status (the supervisor passes its children's on):
   0      done: the command finished its training
-  42     preempted: a stop signal reached the supervisor (or the child); the final
-         checkpoint is on disk: run the same command again to go on
+  42     preempted: a stop signal reached the supervisor (or the child) and the final
+         checkpoint is on disk, or the child was still starting (nothing trained):
+         run the same command again to go on
   78     failed permanently: not retried (126/127: the command cannot run)
-  1      failed, and the restart budget is spent (a crash loop)
-  124    stuck, and the budget is spent; or a child did not stop within --grace
-  128+N  the last failure of a crash loop was a death by signal N (137: SIGKILL)
+  1      failed, and the restart budget is spent (a crash loop); or a child could
+         not be started at all
+  124    stuck, and the budget is spent
+  128+N  the last failure of a crash loop was a death by signal N (137: SIGKILL), or
+         a child did not exit within --grace of a stop and was killed (137)
   130    a second SIGINT: every child killed at once
-  2      bad arguments
+  2      bad arguments (and a --workers count the open-file limit cannot hold)
 """
 
 HEALTH_EPILOG = """\
@@ -70,10 +99,11 @@ examples:
   asupervisor health runs/x --max-age 300          exit 0 alive, 1 stale
   asupervisor health /tmp/beat.json --max-age 60   a heartbeat file (ASUPERVISOR_HEARTBEAT)
 
-  # a Kubernetes liveness probe on the training container:
+  # a Kubernetes liveness probe on the training container: restart only when stale
   livenessProbe:
-    exec: {command: [asupervisor, health, /runs/x, --max-age, "300"]}
+    exec: {command: [sh, -c, "asupervisor health /runs/x --max-age 300; test $? -ne 1"]}
     periodSeconds: 60
+    timeoutSeconds: 30
 
 A run is stale when its heartbeat is older than --max-age (its event loop is blocked,
 or the process is frozen or gone), or when one step (any work on the training thread)
@@ -81,8 +111,13 @@ has run longer than that. Before the first step has ended (restore, tracing) and
 the session stops (the final checkpoint), --startup-max-age applies instead. A session
 that has ended is healthy (the process may do other work after it).
 
-exit status: 0 alive (or the session has ended), 1 stale, 2 no heartbeat (not started
-yet, or not an asupervisor logdir), an unreadable one, or bad arguments.
+exit status:
+  0  alive, or the session has ended
+  1  stale
+  2  no heartbeat (not started yet, or not an asupervisor logdir), or bad arguments
+  3  cannot tell: the heartbeat could not be read (storage out of reach or slower than
+     --timeout, no permission, a damaged file). Not "stale": a probe that restarts on
+     any failure restarts a healthy run on a storage hiccup
 """
 
 
@@ -127,8 +162,8 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
     )
     run.add_argument(
         "--logdir",
-        help="the run's logdir: progress is its newest committed checkpoint (without it, "
-        "what the chief's heartbeat says it committed)",
+        help="the run's logdir, named in the crash-loop report with its newest checkpoint "
+        "(progress is what this run's children commit, with or without it)",
     )
     run.add_argument(
         "--workers",
@@ -161,11 +196,12 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
     run.add_argument(
         "--grace",
         type=_non_negative,
-        default=120.0,
+        default=DEFAULT_GRACE_SECS,
         metavar="SECS",
         help="after a stop signal, how long a child may take to save and exit before it is "
-        "killed; more than the child's stop_grace_secs, less than the orchestrator's own "
-        "grace (Kubernetes' terminationGracePeriodSeconds) (default: 120)",
+        "killed; more than the child's stop_grace_secs plus its exit (below), less than "
+        "the orchestrator's own grace (Kubernetes' terminationGracePeriodSeconds) "
+        "(default: %(default)g)",
     )
     run.add_argument(
         "--stop-signal",
@@ -179,8 +215,9 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         type=_positive,
         default=300.0,
         metavar="SECS",
-        help="a child whose heartbeat is older, or whose step has run longer, is stuck: "
-        "stopped, killed after 10 s, and restarted (default: 300)",
+        help="a child whose heartbeat is older, whose step has run longer, or whose process "
+        "still runs this long after its session ended, is stuck: stopped, killed after "
+        "10 s, and restarted (default: 300)",
     )
     run.add_argument(
         "--startup-timeout",
@@ -200,8 +237,10 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         "--standby",
         action="store_true",
         help="keep a warm interpreter (TensorFlow imported) for each worker, which takes "
-        "the next restart: about a second instead of several. Only for `python SCRIPT "
-        "...` commands; it costs the memory of an interpreter with TensorFlow imported",
+        "the next restart: about a second instead of several. It imports at the lowest "
+        "CPU priority beside the training and says when it is ready (standby.ready). "
+        "Only for `python SCRIPT ...` commands; it costs the memory of an interpreter "
+        "with TensorFlow imported",
     )
     run.add_argument(
         "--preload",
@@ -219,7 +258,8 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
 
     health = commands.add_parser(
         "health",
-        help="exit 0 if a run's heartbeat is fresh, 1 if it is stale (a liveness probe)",
+        help="exit 0 if a run's heartbeat is fresh, 1 if it is stale, 3 if it cannot tell "
+        "(a liveness probe)",
         description="Judge a running session from its heartbeat: the logdir's (written by "
         "the chief) or a heartbeat file (ASUPERVISOR_HEARTBEAT).",
         epilog=HEALTH_EPILOG,
@@ -236,6 +276,14 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         metavar="SECS",
         help="(default: 3 x --max-age)",
     )
+    health.add_argument(
+        "--timeout",
+        type=_positive,
+        default=10.0,
+        metavar="SECS",
+        help="how long reading the heartbeat may take before the answer is 'cannot tell' "
+        "(3) (default: 10)",
+    )
     health.add_argument("--json", action="store_true", help="print JSON")
     health.set_defaults(handler=_health_main, parser=health)
 
@@ -245,7 +293,19 @@ def _run_main(args: argparse.Namespace) -> int:
     if command and command[0] == "--":
         command = command[1:]
     if not command:
-        args.parser.error("give the command to run after --")
+        return _error("run", "give the command to run after -- (asupervisor run [options] "
+                      "-- COMMAND [ARG ...])", 2)  # fmt: skip
+    found = shutil.which(command[0])
+    if found is None:
+        exists = os.path.exists(command[0]) and os.sep in command[0]
+        why = "is not executable" if exists else "is not found (PATH)"
+        return _error(
+            "run", f"cannot run {shown(repr(command[0]))}: it {why}", 126 if exists else 127
+        )
+    too_many = make_room_for_files(files_needed(args.workers, args.standby))
+    if too_many is not None:
+        return _error("run", f"--workers {args.workers}{' --standby' if args.standby else ''} "
+                      f"{too_many}: raise it, or start fewer workers", 2)  # fmt: skip
     preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
     config = RunConfig(
         command=tuple(command),
@@ -264,6 +324,12 @@ def _run_main(args: argparse.Namespace) -> int:
     return run_command(config)
 
 
+def _error(command: str, message: str, status: int) -> int:
+    """A command-line error: one line."""
+    print(f"asupervisor {command}: error: {message}", file=sys.stderr)
+    return status
+
+
 def _heartbeat_path(target: str) -> str:
     if is_object_store(target):
         return (
@@ -274,15 +340,20 @@ def _heartbeat_path(target: str) -> str:
     return os.path.join(target, _heartbeat.NAME) if os.path.isdir(target) else target
 
 
+CANNOT_TELL = 3  # health: the heartbeat could not be read (not "stale")
+
+
 def _health_main(args: argparse.Namespace) -> int:
     path = _heartbeat_path(args.target)
     try:
-        beat = _heartbeat.read(path)
-    except (OSError, ValueError) as exc:
-        print(
-            f"asupervisor health: unreadable heartbeat {shown(path)}: {shown(exc)}", file=sys.stderr
-        )
-        return 2
+        beat = _read_within(path, args.timeout)
+    except TimeoutError:
+        return _error("health", f"cannot tell: reading {shown(path)} took longer than "
+                      f"{args.timeout:g} s (--timeout)", CANNOT_TELL)  # fmt: skip
+    except Exception as exc:  # OSError, a damaged beat, an object store's error
+        detail = str(exc).strip().splitlines()[0] if str(exc).strip() else ""
+        return _error("health", f"cannot tell: {shown(path)}: {type(exc).__name__}: "
+                      f"{shown(detail)}"[:400], CANNOT_TELL)  # fmt: skip
     if beat is None:
         print(
             f"asupervisor health: no heartbeat at {shown(path)} (not started yet, or not "
@@ -300,3 +371,25 @@ def _health_main(args: argparse.Namespace) -> int:
         state = "STALE" if verdict.stale else "healthy"
         print(f"{state}: {shown(verdict.why)} (pid {beat.pid} on {shown(beat.host)})")
     return 1 if verdict.stale else 0
+
+
+def _read_within(path: str, timeout: float) -> _heartbeat.Beat | None:
+    """The beat at ``path``, read in a thread given ``timeout`` seconds (an object store
+    out of reach retries for minutes); ``TimeoutError`` past it."""
+    result: list[Any] = []
+
+    def read() -> None:
+        try:
+            result.append((True, _heartbeat.read(path)))
+        except BaseException as exc:
+            result.append((False, exc))
+
+    reader = threading.Thread(target=read, name="asupervisor-health-read", daemon=True)
+    reader.start()
+    reader.join(timeout)
+    if not result:
+        raise TimeoutError(path)
+    ok, value = result[0]
+    if not ok:
+        raise value
+    return value  # type: ignore[no-any-return]

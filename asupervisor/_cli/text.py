@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Collection, Sequence
+
 
 def shown(text: object) -> str:
     """``text`` with every control character escaped: a file named with a newline or
@@ -17,3 +19,20 @@ def size(n: int) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024  # type: ignore[assignment]
     return f"{n} B"  # pragma: no cover
+
+
+def columns(
+    header: Sequence[str], rows: Sequence[Sequence[str]], right: Collection[int] = ()
+) -> list[str]:
+    """A table's lines, each column as wide as its widest cell (no cell overflows into the
+    next), two spaces between columns; the columns in ``right`` aligned right. Cells are
+    shown as given: escape what a file or a child named (``shown``) first."""
+    widths = [max(len(row[i]) for row in [header, *rows]) for i in range(len(header))]
+    lines = []
+    for row in [header, *rows]:
+        cells = [
+            cell.rjust(width) if i in right else cell.ljust(width)
+            for i, (cell, width) in enumerate(zip(row, widths, strict=True))
+        ]
+        lines.append("  ".join(cells).rstrip())
+    return lines

@@ -17,9 +17,9 @@ The fields are chosen so that both kinds of hang show from outside:
 Times are wall-clock seconds (``time.time()``): the reader is another process, maybe
 on another host (an object-store logdir); hosts' clocks must agree to well within the
 deadlines. Where it is written: ``<logdir>/.asupervisor.heartbeat`` by the chief (only
-the chief writes into the logdir), and, by any process, the local file named by the
-environment variable ``ASUPERVISOR_HEARTBEAT`` (``asupervisor run`` gives each child
-its own, so that non-chiefs are watched too).
+the chief writes into the logdir), by any process, the local file named by the
+environment variable ``ASUPERVISOR_HEARTBEAT`` if set, and under ``asupervisor run`` down
+each process's channel to the runner (``channel``: no file system between them).
 """
 
 from __future__ import annotations
@@ -40,6 +40,7 @@ from .store import Store, is_object_store
 NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief
 ENV_FILE = "ASUPERVISOR_HEARTBEAT"  # a local file any session process also writes
 ENV_ATTEMPT = "ASUPERVISOR_ATTEMPT"  # set by `asupervisor run`: 1 for the first start
+ENV_RUN = "ASUPERVISOR_RUN"  # set by asupervisor run: one id per run, in every attempt
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes
 
@@ -114,26 +115,39 @@ class Verdict:
     limit_secs: float  # the deadline that applied
 
 
-def judge(beat: Beat | None, now: float, max_age: float, startup_max_age: float) -> Verdict:
+def judge(
+    beat: Beat | None,
+    now: float,
+    max_age: float,
+    startup_max_age: float,
+    *,
+    still_running: bool = False,
+) -> Verdict:
     """Judge a beat at wall-clock time ``now``.
 
     ``max_age`` bounds the age of the beat (the event loop answers within it in every
     phase) and the time one step (or any work on the training thread) may take;
     ``startup_max_age`` bounds that work instead before the first step has ended
     (restore, tracing) and while the session stops (the final save). A session that has
-    ended is not judged: the process may do other work after it.
+    ended is healthy, unless the reader knows its process ``still_running``: a process
+    whose session ended must end too, and its last beat may be ``max_age`` old, no more
+    (a new session in it beats again).
     """
     if beat is None:
         return Verdict(False, "no heartbeat", startup_max_age)
+    age_limit = max(max_age, 3 * beat.interval_secs)
+    age = now - beat.written_at
     if beat.outcome is not None or beat.phase is Phase.CLOSED:
         ended = beat.outcome.value if beat.outcome is not None else "ended"
-        return Verdict(False, f"the session has ended ({ended}) at step {beat.step}", 0.0)
+        said = f"the session has ended ({ended}) at step {beat.step}"
+        if still_running and age > age_limit:
+            why = f"{said} {age:.1f} s ago and its process still runs (limit {age_limit:g} s)"
+            return Verdict(True, why, age_limit)
+        return Verdict(False, said, age_limit if still_running else 0.0)
     # The loop is never busy for long in any phase (start-up and the stop run on the
     # training thread): a beat older than max_age is a blocked loop or a lost process.
-    age_limit = max(max_age, 3 * beat.interval_secs)
     long = beat.phase in _LONG_PHASES or not beat.first_step_done
     busy_limit = max(startup_max_age if long else max_age, 3 * beat.interval_secs)
-    age = now - beat.written_at
     where = f"{beat.phase.value}, step {beat.step}"
     if age > age_limit:
         return Verdict(

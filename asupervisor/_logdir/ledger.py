@@ -1,10 +1,11 @@
 """The run ledger: one line per session event in ``<logdir>/asupervisor-ledger.jsonl``.
 
 Each session of the chief appends a ``start`` line once it has restored (or begun
-fresh) and an ``end`` line as it closes, both with the session's id, host and pid: a
-``start`` without its ``end`` is a session that was killed (SIGKILL, a lost machine)
-before it could say how it ended, or stopped at once (a second SIGINT waits for
-nothing). ``asupervisor inspect`` shows the sessions.
+fresh), a ``first_step`` line once its first step has ended, and an ``end`` line as it
+closes, each with the session's id: a ``start`` without its ``end`` is a session that
+was killed (SIGKILL, a lost machine) before it could say how it ended, or stopped at
+once (a second SIGINT waits for nothing). ``asupervisor inspect`` shows the sessions,
+and from their times what each restart cost (``_logdir/costs``).
 
 Locally a line is appended with ``O_APPEND`` (a kill cannot tear an earlier line) and
 fsynced; an object store has no append, so there the file is read and written whole,
@@ -86,10 +87,15 @@ class SessionRecord:
     host: str | None = None
     pid: int | None = None
     attempt: int | None = None
+    run: str | None = None  # the `asupervisor run` it was started by (ASUPERVISOR_RUN)
     started: str | None = None
     restored_step: int | None = None
     source: str | None = None
+    restored_commit_at: float | None = None  # when what it restored was committed
+    first_step_at: float | None = None  # when its first step ended
     ended: str | None = None
+    committed_step: int | None = None  # the newest checkpoint it committed itself
+    committed_at: float | None = None
     step: int | None = None
     reason: str | None = None
     outcome: str | None = None

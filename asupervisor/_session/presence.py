@@ -6,9 +6,16 @@ I/O runs in a worker thread, never on the loop or the training thread. So a loop
 something blocks stops the beats, which is how it is seen from outside.
 
 Only a chief that holds the logdir's lock writes into the logdir; any process also
-writes the local file ``ASUPERVISOR_HEARTBEAT`` names, if set (``asupervisor run``
-sets it for each child, chief or not). A failed write is logged once per file and
-never stops training.
+writes the local file ``ASUPERVISOR_HEARTBEAT`` names, if set, and reports to
+``asupervisor run`` on the channel it was given (``_logdir/channel``): the session's
+start, each beat, and each checkpoint the session commits (not one it restored), which
+is how the runner counts this run's progress. A failed write is logged once per file,
+reported on the channel, and never stops training.
+
+The ledger gets what ``asupervisor inspect`` needs to say what each restart cost: the
+start line (with the run's id and when the restored checkpoint was committed), a line
+when the first step has ended, and the end line (with the newest checkpoint the session
+itself committed).
 """
 
 from __future__ import annotations
@@ -24,9 +31,11 @@ import anyio
 
 from .._kinds import JobKind, Phase
 from .._log import log
+from .._logdir import channel as _channel
 from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
+from .._logdir.records import read_records
 from .._logdir.store import Store
 from .._outcome import Outcome
 from .services import spawn
@@ -57,6 +66,7 @@ class Presence:
         self.session_id = uuid.uuid4().hex[:12]
         self.interval = sv.heartbeat_secs
         self.env_path = os.environ.get(_heartbeat.ENV_FILE) or None
+        self.channel = _channel.sender()
         self._store = Store(sv.logdir) if sv.logdir is not None and sv.is_chief else None
         self._host = socket.gethostname()
         self._started_at = time.time()
@@ -69,15 +79,22 @@ class Presence:
         self._done = anyio.Event()
         self._running = False
         self._warned: set[str] = set()
+        self._first_step_told = False
+        self._seen_commit: tuple[int, float] | None = None  # (step, monotonic) told
+        self._committed: tuple[int, float] | None = None  # the same, wall-clock time
 
     # -- the session's side ------------------------------------------------------------
 
     def start(self) -> None:
         """Begin beating (on the loop, at the session's entry); nothing to do for a session
         that writes no logdir and was given no heartbeat file."""
-        if self._store is None and self.env_path is None:
+        if self._store is None and self.env_path is None and self.channel is None:
             return
         self._running = True
+        sv = self._rt.sv
+        self._tell(
+            _channel.SessionBegan(self.session_id, os.getpid(), sv.is_chief, sv.stop_grace_secs)
+        )
         spawn(self._beat_forever, "asupervisor-heartbeat")
 
     def started(self, report: RestoreReport) -> None:
@@ -92,10 +109,12 @@ class Presence:
                 "host": self._host,
                 "pid": os.getpid(),
                 "attempt": _attempt(),
+                "run": os.environ.get(_heartbeat.ENV_RUN) or None,
                 "worker": None if role is None else role.name,
                 "restored_step": report.step,
                 "source": report.source.value,
                 "restored_from": report.path,
+                "restored_commit_at": None,  # read from the records, off the loop
             }
         )
         self._wake.set()
@@ -105,6 +124,7 @@ class Presence:
         before the logdir's lock is released, waiting at most ``wait`` seconds."""
         self._scope.cancel()
         self._final = outcome
+        self._observe()  # the final save's commit, in the end line and on the channel
         self._pending.append(
             {
                 "event": "end",
@@ -115,6 +135,8 @@ class Presence:
                 "pid": os.getpid(),
                 "outcome": outcome.value,
                 "exit_status": outcome.exit_status,
+                "committed_step": None if self._committed is None else self._committed[0],
+                "committed_at": None if self._committed is None else self._committed[1],
                 **end,
             }
         )
@@ -141,11 +163,48 @@ class Presence:
             self._done.set()
 
     async def _flush(self) -> None:
+        self._observe()
+        beat = self._beat() if self.interval > 0 else None
+        if beat is not None:
+            self._tell(beat)  # first: the runner hears it even while a file write waits
         async with self._lock:
             owns_logdir = self._store is not None and self._rt.lock is not None
             lines, self._pending = (self._pending if owns_logdir else []), []
-            beat = self._beat().to_json() if self.interval > 0 else None
-            await anyio.to_thread.run_sync(self._write, lines, beat, owns_logdir)
+            raw = None if beat is None else beat.to_json()
+            await anyio.to_thread.run_sync(self._write, lines, raw, owns_logdir)
+
+    def _observe(self) -> None:
+        """On the loop: the first step's end and this session's new commits, once each."""
+        first = self._rt.stepper.first_done
+        if first is not None and not self._first_step_told:
+            self._first_step_told = True
+            self._pending.append(
+                {
+                    "event": "first_step",
+                    "session": self.session_id,
+                    "time": _now_iso(),
+                    "first_step_at": wall(first[1]),
+                }
+            )
+        checkpointer = self._rt.checkpointer
+        if self._store is None or checkpointer is None:
+            return  # only a chief commits into a logdir
+        step, at = checkpointer.last_saved_step, checkpointer.last_saved_at
+        if step is None or at is None:
+            return  # nothing saved, or what it shows was restored: not a commit
+        if self._seen_commit != (step, at):
+            self._seen_commit = (step, at)
+            self._committed = (step, wall(at) or time.time())
+            self._tell(_channel.Commit(self.session_id, *self._committed))
+
+    def _tell(self, report: _channel.Report) -> None:
+        """Report to ``asupervisor run`` (a nonblocking pipe: never waits)."""
+        if self.channel is None:
+            return
+        try:
+            self.channel.send(report)
+        except (OSError, ValueError) as exc:
+            self._failed("channel", exc, tell=False)
 
     def _beat(self) -> Beat:
         """On the loop: what the session is doing now."""
@@ -184,6 +243,8 @@ class Presence:
         store = self._store
         if owns_logdir and store is not None:
             for line in lines:
+                if line["event"] == "start" and line["restored_from"] is not None:
+                    line["restored_commit_at"] = _commit_time(store, line["restored_from"])
                 self._attempt_write(store.path(_ledger.NAME), _ledger.append, store, line)
             if beat is not None:
                 self._attempt_write(store.path(_heartbeat.NAME), _write_beat, store, beat)
@@ -194,9 +255,27 @@ class Presence:
         try:
             fn(*args)
         except Exception as exc:
-            if where not in self._warned:
-                self._warned.add(where)
-                log.warning("heartbeat.failed", path=where, error=f"{type(exc).__name__}: {exc}")
+            self._failed(where, exc, tell=True)
+
+    def _failed(self, where: str, exc: Exception, *, tell: bool) -> None:
+        """A write failed: logged once per place, and told to the runner (the process is
+        alive; only its file is not up to date)."""
+        if where in self._warned:
+            return
+        self._warned.add(where)
+        error = f"{type(exc).__name__}: {exc}"
+        log.warning("heartbeat.failed", path=where, error=error)
+        if tell:
+            self._tell(_channel.Unwritten(where, error))
+
+
+def _commit_time(store: Store, path: str) -> float | None:
+    """When the checkpoint at ``path`` was committed, as its commit recorded it."""
+    try:
+        record = read_records(store).get(os.path.basename(path))
+    except Exception:  # only a figure for inspect: never a reason to fail a session
+        return None
+    return None if record is None else record.time
 
 
 def _write_beat(store: Store, beat: bytes) -> None:

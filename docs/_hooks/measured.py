@@ -91,7 +91,12 @@ def render(name: str, results: Path = RESULTS) -> str:
     notes = [" ".join(head) + ":", ""]
     if data.get("faults"):
         notes += ["Faults: " + _cell([f"{kind} at {secs} s" for kind, secs in data["faults"]]), ""]
-    return "\n".join(notes) + "\n" + _table(list(data.get("rows", [])))
+    if data.get("load"):
+        notes += [f"The machine is shared: {data['load']}.", ""]
+    tables = _table(list(data.get("rows", [])))
+    if data.get("costs"):  # goodput.py: what each fault cost
+        tables += "\n\nWhat each fault cost:\n\n" + _table(list(data["costs"]))
+    return "\n".join(notes) + "\n" + tables
 
 
 def fill(markdown: str, results: Path = RESULTS) -> str:

@@ -1,0 +1,133 @@
+"""What each restart of a run cost, and the run's goodput, from the ledger's facts.
+
+Every time is one the ledger recorded: when a session began (restored), when its first
+step ended, when the checkpoint it restored had been committed, when it ended. The time
+a restart lost runs from the commit of the checkpoint the next session restored to that
+session's first step: the steps trained after that commit (thrown away), noticing the
+fault, the new process, its imports, the restore, the first step's tracing. Goodput is
+the share of the wall time (the first session's start to the last record) that is not
+lost so: the time that went into steps that were kept. A session's own start-up (its
+restore and first step) counts as lost too; overlapping losses count once.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from datetime import datetime
+
+from .ledger import SessionRecord
+
+_CLEAN = {"done", "preempted"}
+
+
+@dataclass(frozen=True)
+class RestartCost:
+    """One restart: the session before it ended, this one began."""
+
+    after: str  # how the session before it ended ("no end recorded": killed)
+    reached: int | None  # the step the session before ended at (None: it was killed)
+    restored: int | None  # the step this session began from
+    lost_steps: int | None  # steps trained and not kept (None: unknown)
+    lost_secs: float | None  # the commit it restored to its first step (None: no step)
+    down_secs: float | None  # the end of the one before to its first step (None: killed)
+
+
+@dataclass(frozen=True)
+class Goodput:
+    wall_secs: float  # the first session's start to the newest record
+    lost_secs: float  # start-ups and restarts, each second once
+    restarts: tuple[RestartCost, ...]
+
+    @property
+    def fraction(self) -> float:
+        return 0.0 if self.wall_secs <= 0 else 1 - self.lost_secs / self.wall_secs
+
+
+def _epoch(value: object) -> float | None:
+    """A ledger time (ISO text or seconds since the epoch) as seconds; ``None`` if not one."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        return float(value) if math.isfinite(value) else None
+    if isinstance(value, str):
+        try:
+            return datetime.fromisoformat(value).timestamp()
+        except ValueError:
+            return None
+    return None
+
+
+def _int(value: object) -> int | None:
+    return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+
+def _after(before: SessionRecord) -> str:
+    if before.ended is None:
+        return "no end recorded (killed)"
+    return f"{before.outcome or '?'} ({before.exit_status})"
+
+
+def _restart(before: SessionRecord, after: SessionRecord, since: float | None) -> RestartCost:
+    first = _epoch(after.first_step_at)
+    reached = _int(before.step) if before.ended is not None else None
+    restored = _int(after.restored_step)
+    ended = _epoch(before.ended)
+    lost = None if reached is None or restored is None else max(reached - restored, 0)
+    return RestartCost(
+        after=_after(before),
+        reached=reached,
+        restored=restored,
+        lost_steps=lost,
+        lost_secs=None if first is None or since is None else max(first - since, 0.0),
+        down_secs=None if first is None or ended is None else max(first - ended, 0.0),
+    )
+
+
+def _last_time(sessions: list[SessionRecord]) -> float | None:
+    times = [
+        _epoch(value)
+        for s in sessions
+        for value in (s.started, s.first_step_at, s.committed_at, s.ended)
+    ]
+    return max((t for t in times if t is not None), default=None)
+
+
+def goodput(sessions: list[SessionRecord]) -> Goodput | None:
+    """What the ledger's sessions (oldest first) say; ``None`` without a timed start."""
+    begin = next((t for s in sessions if (t := _epoch(s.started)) is not None), None)
+    end = _last_time(sessions)
+    if begin is None or end is None:
+        return None
+    losses: list[tuple[float, float]] = []  # (from, to): time that made no kept step
+    restarts = []
+    for index, session in enumerate(sessions):
+        first = _epoch(session.first_step_at)
+        # From the commit of what it restored (fresh: from the run's start); a session
+        # that restored a checkpoint of unknown time loses from its own start.
+        if index == 0 or session.source != "checkpoint":
+            since = _epoch(session.started) if index == 0 else begin
+        else:
+            since = _epoch(session.restored_commit_at) or _epoch(session.started)
+        if index > 0:
+            restarts.append(_restart(sessions[index - 1], session, since))
+        if first is not None and since is not None:
+            losses.append((since, first))
+    last = sessions[-1]
+    if last.ended is not None and last.outcome not in _CLEAN:
+        # Its steps after its last commit were thrown away with it.
+        kept = _epoch(last.committed_at) or _epoch(last.first_step_at)
+        ended = _epoch(last.ended)
+        if kept is not None and ended is not None:
+            losses.append((kept, ended))
+    return Goodput(max(end - begin, 0.0), _union(losses, begin, end), tuple(restarts))
+
+
+def _union(spans: list[tuple[float, float]], begin: float, end: float) -> float:
+    """The length of the union of ``spans`` within ``[begin, end]``."""
+    total, reach = 0.0, begin
+    for start, stop in sorted((max(a, begin), min(b, end)) for a, b in spans):
+        if stop > reach:
+            total += stop - max(start, reach)
+            reach = stop
+    return total

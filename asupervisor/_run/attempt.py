@@ -1,0 +1,383 @@
+"""One attempt of ``asupervisor run``: its children started together, watched until every
+one has exited, and what happened, as facts (``AttemptResult``).
+
+The monitor forwards a stop, judges liveness from what each child's channel says, stops
+every child when one fails or is stuck (one for all), and kills what outlives its
+deadline. Who sent a child the stop signal and why, and whether the runner killed it,
+are fields of its ``ChildEnd``; its status is decided once from them (``passed_on``).
+"""
+
+from __future__ import annotations
+
+import enum
+import signal
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import anyio
+
+from .._logdir.heartbeat import judge
+from .._outcome import Outcome
+from .process import Proc
+from .statuses import describe_status, outcome_of, shell_status, worst_outcome
+
+STUCK_KILL_SECS = 10.0  # a stuck child's time between the stop signal and SIGKILL
+POLL_SECS = 0.2  # how often deadlines are checked when nothing else happens
+
+
+class AttemptState(enum.Enum):
+    """Where an attempt is. It moves forward only, and the result keeps the state the
+    attempt was in when its last child exited: how it ended."""
+
+    RUNNING = "running"
+    """Every child runs, or has ended well (done, preempted)."""
+    FAILING = "failing"
+    """A child failed or is stuck: every child has the stop signal (one for all)."""
+    STOPPING = "stopping"
+    """The run was asked to stop: every child has the stop signal."""
+
+
+class StopCause(enum.Enum):
+    """Why the runner sent a child the stop signal."""
+
+    REQUESTED = "the run was asked to stop"
+    PEER = "another worker failed"
+    STUCK = "judged stuck"
+
+
+class Kill(enum.Enum):
+    """Why the runner SIGKILLed a child."""
+
+    PAST_DEADLINE = "past the deadline of its stop"
+    AT_ONCE = "at once: a second SIGINT"
+
+
+class Control:
+    """What the run asks of its attempts (a stop; a hard stop, after which everything is
+    killed), and the wake-up of the monitor when anything happened."""
+
+    def __init__(self) -> None:
+        self.stop_requested = anyio.Event()
+        self.hard_stop = anyio.Event()
+        self._changed = anyio.Event()
+
+    def changed(self) -> None:
+        self._changed.set()
+
+    async def wait(self, secs: float) -> None:
+        """Until something changed, or ``secs`` passed."""
+        with anyio.move_on_after(secs):
+            await self._changed.wait()
+        self._changed = anyio.Event()
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The deadlines of an attempt (``RunConfig``'s)."""
+
+    grace_secs: float
+    stop_signal: signal.Signals
+    stuck_after: float | None  # None: liveness is not watched
+    startup_timeout: float
+
+
+class Child:
+    """One worker of one attempt, as the runner sees it."""
+
+    def __init__(self, rank: int, proc: Proc, how: str) -> None:
+        self.rank = rank
+        self.proc = proc
+        self.how = how  # "cold", "standby", "standby (still importing)"
+        self.started = time.monotonic()
+        self.stuck: str | None = None  # why the runner judged it stuck
+        self.stuck_at: float | None = None
+        self.stop: StopCause | None = None  # why the runner sent it the stop signal
+        self.kill_at: float | None = None
+        self.killed: Kill | None = None  # the runner SIGKILLed it, and why
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    def judged_stuck(self, why: str) -> None:
+        self.stuck, self.stuck_at = why, time.monotonic()
+
+    def stop_within(self, cause: StopCause, sig: int, within: float) -> None:
+        """The stop signal (once), and SIGKILL ``within`` seconds from now if still running."""
+        if not self.running:
+            return
+        if self.stop is None:
+            self.stop = cause
+            self.proc.signal(sig)
+        deadline = time.monotonic() + within
+        self.kill_at = deadline if self.kill_at is None else min(self.kill_at, deadline)
+
+    def kill_if_overdue(self, now: float) -> None:
+        if self.running and self.kill_at is not None and now >= self.kill_at:
+            self.kill(Kill.PAST_DEADLINE)
+
+    def kill(self, why: Kill) -> None:
+        if self.running:
+            self.killed = self.killed or why
+            self.proc.kill_group()
+
+    def status(self, limits: Limits) -> int | None:
+        """The status its end is passed on with (``None`` while it runs)."""
+        if self.proc.returncode is None:
+            return None
+        # Nothing trained in it: its command runs a session (the runner watches for one)
+        # and none began.
+        untrained = limits.stuck_after is not None and self.proc.heard.session is None
+        returned = shell_status(self.proc.returncode)
+        return passed_on(
+            returned, self.stop, self.killed, self.stuck, untrained, limits.stop_signal
+        )
+
+    def failed(self, limits: Limits) -> bool:
+        """Stuck, or exited with a status that is not done or preempted."""
+        status = self.status(limits)
+        if self.stuck is not None:
+            return True
+        return status is not None and outcome_of(status) not in (Outcome.DONE, Outcome.PREEMPTED)
+
+    def end(self, limits: Limits) -> ChildEnd:
+        status = self.status(limits)
+        assert status is not None and self.proc.returncode is not None
+        heard = self.proc.heard
+        return ChildEnd(
+            rank=self.rank,
+            pid=self.proc.pid,
+            returned=shell_status(self.proc.returncode),
+            status=status,
+            stop=self.stop,
+            killed=self.killed,
+            stuck=self.stuck,
+            session_started=heard.session is not None,
+            reached_step=None if heard.beat is None else heard.beat.step,
+            commits=heard.commits,
+            committed=heard.committed,
+            at=self.stuck_at or self.proc.exited_at or time.monotonic(),
+            grace_secs=limits.grace_secs,
+            tail=tuple(self.proc.tail),
+        )
+
+
+def passed_on(
+    returned: int,
+    stop: StopCause | None,
+    killed: Kill | None,
+    stuck: str | None,
+    untrained: bool,
+    stop_signal: int,
+) -> int:
+    """The status a child's end is passed on with, from the facts: judged stuck by the
+    runner, 124; dead of the stop signal the runner forwarded for a stop of the run while
+    nothing had trained in it (``untrained``: no session began in a command that runs
+    one), preempted (42: nothing lost); anything else, its own status (a SIGKILL past the
+    grace of a stop is 137)."""
+    if stuck is not None:
+        return Outcome.STUCK.exit_status
+    requested = stop is StopCause.REQUESTED and killed is None
+    if requested and untrained and returned == 128 + stop_signal:
+        return Outcome.PREEMPTED.exit_status
+    return returned
+
+
+@dataclass(frozen=True)
+class ChildEnd:
+    """How one child ended, as facts."""
+
+    rank: int
+    pid: int
+    returned: int  # its own exit status, as a shell shows it (128+N: signal N)
+    status: int  # what the runner passes on (``passed_on``)
+    stop: StopCause | None  # the runner sent it the stop signal, and why
+    killed: Kill | None  # the runner SIGKILLed it, and why
+    stuck: str | None  # why the runner judged it stuck
+    session_started: bool  # a session began in it (its channel said so)
+    reached_step: int | None  # the step its last beat showed
+    commits: int  # checkpoints it committed (its own saves)
+    committed: int | None  # the newest of them
+    at: float  # time.monotonic() when it failed (judged stuck) or exited
+    grace_secs: float
+    tail: tuple[str, ...] = ()
+
+    @property
+    def how(self) -> str:
+        """What happened, in words."""
+        if self.killed is Kill.AT_ONCE:
+            return "killed at once: a second SIGINT"
+        if self.stuck is not None:
+            kill = f", killed {STUCK_KILL_SECS:g} s after the stop signal" if self.killed else ""
+            return f"stuck: {self.stuck}{kill}"
+        if self.killed is not None:
+            why = "" if self.stop is None else f" ({self.stop.value})"
+            return (
+                f"killed after the grace period of the stop{why}: it did not exit within "
+                f"{self.grace_secs:g} s (--grace); no final checkpoint from it"
+            )
+        if self.status != self.returned:
+            return f"exited {describe_status(self.returned)} before its session began: nothing lost"
+        return "exited"
+
+    def describe(self) -> str:
+        return f"worker {self.rank}: {describe_status(self.status)}"
+
+
+@dataclass(frozen=True)
+class AttemptResult:
+    """An attempt's end: the state it was in, each child's end, and what it made."""
+
+    number: int
+    state: AttemptState
+    ends: tuple[ChildEnd, ...]
+    seconds: float
+    stop_requested: bool
+    interrupted: bool  # a hard stop (a second SIGINT) killed every child at once
+    first_failure: ChildEnd | None  # the first child that failed: the cause of the rest
+
+    @property
+    def statuses(self) -> list[int]:
+        return [end.status for end in self.ends]
+
+    @property
+    def outcome(self) -> Outcome:
+        return worst_outcome(self.statuses)
+
+    @property
+    def worst(self) -> ChildEnd:
+        """The child whose ending was the worst (the first of them to fail)."""
+        worst = self.outcome
+        return min((e for e in self.ends if outcome_of(e.status) is worst), key=_when)
+
+    @property
+    def status(self) -> int:
+        """The attempt's status: the worst child's."""
+        return self.worst.status
+
+    @property
+    def progressed(self) -> bool:
+        """This attempt committed a checkpoint: the run went forward."""
+        return any(end.commits for end in self.ends)
+
+    @property
+    def committed(self) -> int | None:
+        return max((e.committed for e in self.ends if e.committed is not None), default=None)
+
+    @property
+    def reached_step(self) -> int | None:
+        return self.ends[0].reached_step
+
+    @property
+    def why(self) -> str:
+        """The cause: the first worker that failed (the others were stopped with it); the
+        worst ending too, when another worker's was worse."""
+        cause, worst = self.first_failure or self.worst, self.worst
+        text = cause.describe()
+        if cause.stuck is not None:
+            text += f", stuck: {cause.stuck}"
+        if outcome_of(cause.status) is not outcome_of(worst.status):
+            text += f"; then {worst.describe()}"
+        return text
+
+    @property
+    def tail(self) -> tuple[str, ...]:
+        return (self.first_failure or self.ends[0]).tail
+
+
+def _when(end: ChildEnd) -> float:
+    return end.at
+
+
+class Attempt:
+    """Children started together, watched together, ended together."""
+
+    def __init__(
+        self,
+        number: int,
+        children: list[Child],
+        limits: Limits,
+        control: Control,
+        say: Callable[..., None],
+        tend: Callable[[], None],
+    ) -> None:
+        self.number = number
+        self.children = children
+        self.limits = limits
+        self.state = AttemptState.RUNNING
+        self._control = control
+        self._say = say
+        self._tend = tend  # the standbys, between two looks
+        self._first_failure: Child | None = None
+        self._started = time.monotonic()
+
+    async def monitor(self) -> AttemptResult:
+        """Until every child has exited: stops, liveness, one for all, deadlines."""
+        while any(child.running for child in self.children):
+            now = time.monotonic()
+            if self._control.hard_stop.is_set():
+                for child in self.children:
+                    child.kill(Kill.AT_ONCE)
+            if self._control.stop_requested.is_set() and self.state is not AttemptState.STOPPING:
+                self._enter(AttemptState.STOPPING, StopCause.REQUESTED)
+            if self.state is AttemptState.RUNNING:
+                for child in self.children:
+                    self._check_liveness(child, now)
+                failed = [child for child in self.children if child.failed(self.limits)]
+                if failed:
+                    self._first_failure = min(failed, key=_failed_at)
+                    self._enter(AttemptState.FAILING, StopCause.PEER)
+            for child in self.children:
+                child.kill_if_overdue(now)
+            self._tend()
+            await self._control.wait(POLL_SECS)
+        return self._result()
+
+    def _enter(self, state: AttemptState, cause: StopCause) -> None:
+        """Every child gets the stop signal, and SIGKILL after the grace period."""
+        self.state = state
+        limits = self.limits
+        for child in self.children:
+            child.stop_within(cause, limits.stop_signal, limits.grace_secs)
+
+    def _check_liveness(self, child: Child, now: float) -> None:
+        limits = self.limits
+        if limits.stuck_after is None or not child.running or child.stuck is not None:
+            return
+        beat = child.proc.heard.beat
+        if beat is None:
+            if now - child.started > limits.startup_timeout:
+                child.judged_stuck(
+                    f"no heartbeat {limits.startup_timeout:g} s after its start (does the "
+                    "command run an asupervisor session? --no-heartbeat turns this off)"
+                )
+        else:
+            verdict = judge(
+                beat, time.time(), limits.stuck_after, limits.startup_timeout, still_running=True
+            )
+            if verdict.stale:
+                child.judged_stuck(verdict.why)
+        if child.stuck is not None:
+            self._say("child.stuck", worker=child.rank, pid=child.proc.pid, why=child.stuck)
+            child.stop_within(
+                StopCause.STUCK, limits.stop_signal, min(limits.grace_secs, STUCK_KILL_SECS)
+            )
+
+    def _result(self) -> AttemptResult:
+        limits = self.limits
+        ends = tuple(child.end(limits) for child in self.children)
+        first = self._first_failure
+        return AttemptResult(
+            number=self.number,
+            state=self.state,
+            ends=ends,
+            seconds=time.monotonic() - self._started,
+            stop_requested=self._control.stop_requested.is_set(),
+            interrupted=self._control.hard_stop.is_set(),
+            first_failure=None if first is None else ends[self.children.index(first)],
+        )
+
+
+def _failed_at(child: Child) -> float:
+    return child.stuck_at or child.proc.exited_at or time.monotonic()
