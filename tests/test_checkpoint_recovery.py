@@ -351,3 +351,14 @@ async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> Non
         int(n.split("-")[1].split(".")[0]) for n in os.listdir(logdir) if n.endswith(".index")
     )
     assert on_disk == [10, 12]  # no orphan left behind
+
+
+async def test_a_deleted_newest_index_is_logged_as_a_fallback(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    await train(logdir, 6)
+    os.remove(os.path.join(logdir, "model.ckpt-6.index"))
+    report, _ = await restored_step(logdir)
+    assert report.step == 4
+    (fallback,) = named(events, "checkpoint.fallback")
+    assert fallback["skipped"].endswith("model.ckpt-6") and "index" in fallback["reason"]

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -366,6 +367,7 @@ async def test_bad_arguments_and_a_second_evaluator_are_refused(logdir: str) -> 
 
 
 SCRIPT = """
+import threading
 import time
 from pathlib import Path
 import tensorflow as tf
@@ -476,3 +478,112 @@ async def test_an_object_store_logdir(tmp_path: Path) -> None:
     assert any(n.startswith("events.out") for n in tf.io.gfile.listdir(f"{logdir}/eval"))
     assert not tf.io.gfile.exists(f"{logdir}/{LEASE}")
     assert await evaluator(logdir)[0].run(until_step=2) == []  # the lock was let go
+
+
+# -- every committed checkpoint once, or recorded skipped: the evaluator's backlog ------
+
+
+def committed_since(logdir: str, since: int) -> list[str]:
+    from asupervisor._logdir.history import read_history
+
+    return [c.name for c in read_history(Store(logdir)).commits if c.seq >= since]
+
+
+@pytest.mark.asyncio
+async def test_with_max_to_keep_1_and_slow_evaluations_every_commit_is_evaluated_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """The chief keeps one checkpoint and commits at every step; the evaluator takes
+    longer than a step, and is stopped and started again in the middle while the chief
+    commits on. Retention keeps what it has not evaluated (within its backlog)."""
+    last_step = 16
+    count, first_done, gap_done = [0], anyio.Event(), anyio.Event()
+    pair = Pair()
+
+    def first_fn() -> dict[str, Any]:
+        count[0] += 1
+        time.sleep(0.1)
+        if count[0] == 2:
+            first.stop()
+        return {"a": pair.a, "b": pair.b.numpy()}
+
+    first = asv.Evaluator(
+        logdir, checkpoint={"pair": pair}, eval_fn=first_fn, poll_secs=0.02, backlog=32
+    )
+
+    async def chief() -> None:
+        trained = Pair()
+        sv = pair_supervisor(logdir, trained, max_to_keep=1, save_model_steps=1)
+        async with sv.session() as sess:
+            for _ in range(last_step):
+                await sess.run(trained.step)
+                if sess.global_step == 6:
+                    await first_done.wait()  # the commits from here come while none runs
+        gap_done.set()
+
+    evaluations: list[asv.Evaluation] = []
+
+    async def evaluators() -> None:
+        evaluations.extend(await first.run())
+        first_done.set()
+        await gap_done.wait()
+        second, other = evaluator(logdir, backlog=32)
+        evaluations.extend(await second.run(until_step=last_step))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(chief)
+            tasks.start_soon(evaluators)
+
+    names = [e.checkpoint for e in evaluations]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(committed_since(logdir, 1))  # every commit, once
+    assert not named(events, "eval.skipped") and not named(events, "eval.vanished")
+    for e in evaluations:
+        assert e.metrics == {"a": float(e.step), "b": float(e.step)}
+
+
+@pytest.mark.asyncio
+async def test_past_its_backlog_the_commits_it_missed_are_recorded_as_skipped(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """The first evaluation holds while the chief commits ten more with one kept and a
+    backlog of one: the ones swept meanwhile are in the results as skipped, and logged."""
+    pair, started, release = Pair(), threading.Event(), threading.Event()
+
+    def held() -> dict[str, Any]:
+        started.set()
+        release.wait(60)
+        return {"a": pair.a, "b": pair.b.numpy()}
+
+    ev = asv.Evaluator(logdir, checkpoint={"pair": pair}, eval_fn=held, poll_secs=0.02, backlog=1)
+
+    async def chief() -> None:
+        trained = Pair()
+        sv = pair_supervisor(logdir, trained, max_to_keep=1, save_model_steps=1)
+        async with sv.session() as sess:
+            await anyio.to_thread.run_sync(started.wait, 60)
+            for _ in range(10):
+                await sess.run(trained.step)
+        release.set()
+
+    done: list[asv.Evaluation] = []
+
+    async def evaluate() -> None:
+        done.extend(await ev.run(until_step=10))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(evaluate)
+            tasks.start_soon(chief)
+
+    results = results_file(logdir)
+    everything = committed_since(logdir, 1)
+    assert sorted(results) == sorted(everything)  # each one: evaluated or skipped
+    skipped = sorted(n for n, r in results.items() if r.get("skipped"))
+    evaluated = sorted(e.checkpoint for e in done)
+    assert skipped and not set(skipped) & set(evaluated)
+    assert sorted(skipped + evaluated) == sorted(everything)
+    logged = [os.path.basename(p) for e in named(events, "eval.skipped") for p in e["paths"]]
+    assert sorted(logged) == skipped
+    assert "model.ckpt-10" in evaluated  # the newest is never the one skipped

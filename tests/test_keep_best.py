@@ -10,6 +10,7 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
@@ -160,3 +161,39 @@ def test_the_true_best_survives_a_sigkill_and_a_resume(tmp_path: Path) -> None:
     name = min((n for n, v in kept.items() if v is not None), key=lambda n: kept[n] or 0)
     assert os.path.exists(os.path.join(logdir, name + ".index"))  # on disk, whole
     print("kept:", json.dumps(kept), "best val_loss:", best)
+
+
+@pytest.mark.asyncio
+async def test_checkpoints_kept_every_n_hours_stay_on_disk_unlisted_as_tf_keeps_them(
+    logdir: str,
+) -> None:
+    """TF's CheckpointManager rule (its testSaveRestoreState): a checkpoint kept by
+    keep_checkpoint_every_n_hours leaves the state file's list and stays on disk, so that
+    a TF manager over the same directory never deletes it; the history still knows it."""
+    from asupervisor._logdir.history import read_history
+
+    every = 0.05 / 3600  # each checkpoint that leaves the newest two is kept this way
+    for _ in range(2):  # across sessions too
+        pair = Pair()
+        sv = asv.Supervisor(
+            logdir, checkpoint={"p": pair}, save_model_secs=0, save_model_steps=1,
+            max_to_keep=2, keep_checkpoint_every_n_hours=every, save_summaries_secs=0,
+            handle_signals=False,
+        )  # fmt: skip
+        async with sv.session() as sess:
+            for _ in range(4):
+                await sess.run(pair.step)
+                time.sleep(0.06)  # longer than `every` between two commits
+        newest = sorted(on_disk(logdir), key=lambda n: int(n.split("-")[1]))[-2:]
+        state = tf.train.get_checkpoint_state(logdir)
+        assert [Path(p).name for p in state.all_model_checkpoint_paths] == newest
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(), logdir, max_to_keep=2)
+        assert [Path(p).name for p in manager.checkpoints] == newest
+        history = read_history(Store(logdir))
+        kept = {c.name: c.kept for c in history.committed()}
+        assert set(kept) == set(on_disk(logdir))  # all on disk, all known
+        assert [n for n, how in kept.items() if how == "listed"] == newest
+        assert all(how == "preserved" for n, how in kept.items() if n not in newest)
+        assert state.last_preserved_timestamp == max(
+            c.time for c in history.committed() if c.kept == "preserved"
+        )
