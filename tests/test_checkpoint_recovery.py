@@ -338,7 +338,9 @@ async def test_a_chief_whose_lock_file_is_taken_away_stops_before_its_next_save(
 
 async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> None:
     await train(logdir, 8)  # saves at 0, 2, 4, 6, 8
-    # As if killed after writing 8 but before the state file named it; 2 lost the same way.
+    # An older logdir (no history: derived from the state file), as if killed after
+    # writing 8 but before the state file named it, and in the middle of a sweep of 2.
+    os.remove(os.path.join(logdir, ".asupervisor.history"))
     state = [os.path.join(logdir, f"model.ckpt-{s}") for s in (0, 4, 6)]
     tf.compat.v1.train.update_checkpoint_state(logdir, state[-1], all_model_checkpoint_paths=state)
     pair = Pair()

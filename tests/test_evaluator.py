@@ -23,6 +23,8 @@ import tensorflow as tf
 import asupervisor as asv
 from asupervisor._evaluate import evaluator as _evaluator
 from asupervisor._logdir import leases as _leases
+from asupervisor._logdir.history import read_history
+from asupervisor._logdir.records import read_results
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 from tests.conftest import Pair, named, pair_supervisor
@@ -73,7 +75,7 @@ async def test_every_committed_checkpoint_once_across_a_restart_while_retention_
     def slow(pair: Pair) -> dict[str, Any]:
         time.sleep(0.15)  # longer than the chief's steps and saves: the sweep races it
         step = int(pair.a.numpy())
-        committed = _evaluator.committed_checkpoints(Store(logdir))
+        committed = [c.name for c in read_history(Store(logdir)).committed()]
         if committed[-1:] != [f"model.ckpt-{step}"]:  # newer ones came while it was read:
             assert f"model.ckpt-{step}" in committed  # beyond max_to_keep, its lease keeps it
             raced.append(step)
@@ -130,10 +132,12 @@ async def test_every_committed_checkpoint_once_across_a_restart_while_retention_
     saved = {os.path.basename(e["path"]) for e in named(events, "checkpoint.saved")}
     chosen = set(names) | {os.path.basename(v["path"]) for v in vanished}
     assert chosen <= saved  # only committed ones
-    assert results_file(logdir).keys() == set(names)
-    assert {n: r["step"] for n, r in results_file(logdir).items()} == {
-        e.checkpoint: e.step for e in before + after
-    }
+    results = results_file(logdir)
+    evaluated = {n: r["step"] for n, r in results.items() if not r["skipped"]}
+    assert evaluated == {e.checkpoint: e.step for e in before + after}
+    # Every commit since the first evaluator began: evaluated, or recorded as skipped.
+    first_seen = min(r["seq"] for r in results.values())
+    assert sorted(results) == sorted(committed_since(logdir, first_seen))
     steps = sorted(e.step for e in before + after)
     assert tensorboard_points(logdir, "eval/a") == [(s, float(s)) for s in steps]
     assert not (Path(logdir) / LEASE).exists()
@@ -175,9 +179,10 @@ async def test_resumes_after_a_kill_between_its_events_and_its_results_skipping_
 
 
 @pytest.mark.asyncio
-async def test_nothing_is_evaluated_without_a_state_file_naming_it(logdir: str) -> None:
+async def test_nothing_is_evaluated_that_no_commit_names(logdir: str) -> None:
     await train(logdir, 2)
     os.remove(Path(logdir) / "checkpoint")  # the files are whole; nothing commits them
+    os.remove(Path(logdir) / ".asupervisor.history")
     ev, _ = evaluator(logdir)
     assert await ev.run(idle_secs=0.2) == []
     assert ev.results() == {}
@@ -221,11 +226,12 @@ async def test_a_checkpoint_swept_before_its_lease_or_under_its_restore_is_passe
     hold = _evaluator.hold
 
     def swept_first(store: Store, reader: str, name: str, seconds: float) -> None:
-        if name == "model.ckpt-0":
-            state = (Path(logdir) / "checkpoint").read_text()
-            (Path(logdir) / "checkpoint").write_text(
-                "\n".join(line for line in state.splitlines() if "model.ckpt-0" not in line)
-            )
+        if name == "model.ckpt-0":  # the chief's sweep: the history first, then the files
+            history = json.loads((Path(logdir) / ".asupervisor.history").read_text())
+            for commit in history["commits"]:
+                if commit["name"] == name:
+                    commit["kept"] = "gone"
+            (Path(logdir) / ".asupervisor.history").write_text(json.dumps(history))
             sweep(name)
         hold(store, reader, name, seconds)
 
@@ -243,7 +249,9 @@ async def test_a_checkpoint_swept_before_its_lease_or_under_its_restore_is_passe
     vanished = {os.path.basename(e["path"]): e["reason"] for e in named(events, "eval.vanished")}
     assert vanished["model.ckpt-0"] == "swept before its lease was written"
     assert "NotFoundError" in vanished["model.ckpt-2"]
-    assert list(ev.results()) == ["model.ckpt-4"]
+    results = ev.results()
+    assert [n for n, r in results.items() if not r["skipped"]] == ["model.ckpt-4"]
+    assert sorted(n for n, r in results.items() if r["skipped"]) == ["model.ckpt-0", "model.ckpt-2"]
 
 
 @pytest.mark.asyncio
@@ -474,7 +482,7 @@ async def test_an_object_store_logdir(tmp_path: Path) -> None:
     await train(logdir, 2)  # 0, 2
     ev, _ = evaluator(logdir)
     assert [e.step for e in await ev.run(until_step=2)] == [0, 2]
-    assert sorted(_evaluator.read_results(logdir)) == ["model.ckpt-0", "model.ckpt-2"]
+    assert sorted(read_results(logdir)) == ["model.ckpt-0", "model.ckpt-2"]
     assert any(n.startswith("events.out") for n in tf.io.gfile.listdir(f"{logdir}/eval"))
     assert not tf.io.gfile.exists(f"{logdir}/{LEASE}")
     assert await evaluator(logdir)[0].run(until_step=2) == []  # the lock was let go
@@ -484,8 +492,6 @@ async def test_an_object_store_logdir(tmp_path: Path) -> None:
 
 
 def committed_since(logdir: str, since: int) -> list[str]:
-    from asupervisor._logdir.history import read_history
-
     return [c.name for c in read_history(Store(logdir)).commits if c.seq >= since]
 
 

@@ -40,6 +40,7 @@ from .store import Store, is_object_store
 NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief
 ENV_FILE = "ASUPERVISOR_HEARTBEAT"  # a local file any session process also writes
 ENV_ATTEMPT = "ASUPERVISOR_ATTEMPT"  # set by `asupervisor run`: 1 for the first start
+ENV_RUN = "ASUPERVISOR_RUN"  # set by asupervisor run: one id per run, in every attempt
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes
 

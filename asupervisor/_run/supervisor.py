@@ -51,7 +51,6 @@ import anyio.abc
 from .._kinds import Phase
 from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import Beat, judge
-from .._logdir.store import Store
 from .._outcome import Outcome
 
 STUCK_KILL_SECS = 10.0  # a stuck child's time between the stop signal and SIGKILL
@@ -151,11 +150,9 @@ def standby_plan(command: Sequence[str], path: str | None) -> tuple[str, str] | 
 def newest_step(logdir: str) -> int | None:
     """The step of the newest checkpoint the logdir's state file names (without
     TensorFlow for a local logdir); ``None`` when there is none."""
-    from .._logdir.report import _INDEX, _latest_from_state_file
+    from .._logdir.history import head_step
 
-    latest = _latest_from_state_file(Store(logdir))
-    found = _INDEX.match(os.path.basename(latest) + ".index") if latest else None
-    return int(found["step"]) if found else None
+    return head_step(logdir)
 
 
 def local_tf_configs(count: int) -> list[str]:
