@@ -533,7 +533,7 @@ async def test_with_max_to_keep_1_and_slow_evaluations_every_commit_is_evaluated
         evaluations.extend(await first.run())
         first_done.set()
         await gap_done.wait()
-        second, other = evaluator(logdir, backlog=32)
+        second, _ = evaluator(logdir, backlog=32)
         evaluations.extend(await second.run(until_step=last_step))
 
     with anyio.fail_after(120):

@@ -17,8 +17,8 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._logdir.leases import hold, let_go
 from asupervisor._logdir.history import read_history
+from asupervisor._logdir.leases import hold, let_go
 from asupervisor._logdir.store import Store
 from tests import forked
 from tests.conftest import Pair
