@@ -25,10 +25,12 @@ def render(report: LogdirReport) -> str:
         readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
         metrics = " ".join(f"{shown(k)}={v:.6g}" for k, v in sorted(c.metrics.items()))
         if c.healthy is False:
-            metrics = "NOT HEALTHY (loss not finite) " + metrics
-        lines.append(
-            f"  {c.step:>10}  {c.saved:<25}  {size(c.bytes):>10}  {readable:<8}  {metrics}"
-        )
+            metrics = "NOT HEALTHY (loss or state not finite) " + metrics
+        if c.seq is None:
+            metrics = "(no commit names it) " + metrics
+        step = "?" if c.step is None else str(c.step)
+        lines.append(f"  {step:>10}  {c.saved:<25}  {size(c.bytes):>10}  {readable:<8}  {metrics}")
+    lines += ["", *history_lines(report)]
     lines.append("")
     lines.append(f"tags ({len(report.tags)}):")
     lines.append(f"  {'tag':<28}  {'kind':<9}  {'last value':>12}  {'steps':<17}  points")
@@ -45,6 +47,41 @@ def render(report: LogdirReport) -> str:
         lines.append(f"  {shown(f.name)}  {size(f.bytes)}  {f.events} events{damage}")
     lines += ["", *ledger_lines(report)]
     return "\n".join(lines)
+
+
+def history_lines(report: LogdirReport) -> list[str]:
+    """``asupervisor inspect``'s history: each commit in commit order with its parent and
+    branch, where it is, and each rollback (which commits it abandoned, for which)."""
+    derived = "  (derived from an older logdir's state file)" if report.history_derived else ""
+    lines = [
+        f"history ({len(report.commits)} commits, {len(report.rollbacks)} rollbacks){derived}:"
+    ]
+    if report.commits:
+        lines.append(
+            f"  {'seq':>5}  {'parent':>6}  {'branch':>6}  {'step':>10}  {'kept':<9}  "
+            f"{'healthy':<7}  {'run/attempt':<14}  name"
+        )
+    for c in report.commits:
+        healthy = {True: "yes", False: "NO", None: "?"}[c.healthy]
+        made = f"{c.run or '-'}/{c.attempt if c.attempt is not None else '-'}"
+        notes = ("  HEAD" if c.head else "") + (
+            f"  abandoned by rollback {c.abandoned_by}" if c.abandoned_by is not None else ""
+        )
+        step = "?" if c.step is None else str(c.step)
+        parent = "-" if c.parent is None else str(c.parent)
+        lines.append(
+            f"  {c.seq:>5}  {parent:>6}  {c.branch:>6}  {step:>10}  {c.kept:<9}  "
+            f"{healthy:<7}  {shown(made)[:14]:<14}  {shown(c.name)}{notes}"
+        )
+    for r in report.rollbacks:
+        at = "" if r.at_step is None else f" at step {r.at_step}"
+        dropped = f", {r.batches_dropped} batches dropped" if r.batches_dropped else ""
+        left = ", ".join(shown(n) for n in r.abandoned) or "nothing"
+        lines.append(
+            f"  rollback {r.number} ({r.kind}{at}: {shown(r.reason)[:60]}): back to "
+            f"{shown(r.to)}, abandoning {left}{dropped}"
+        )
+    return lines
 
 
 def ledger_lines(report: LogdirReport) -> list[str]:

@@ -14,6 +14,7 @@ from typing import Any
 
 from .._logdir.history import Commit, History
 
+BACKLOG = 10  # commits retention keeps for an evaluator that has not seen them yet
 SAME_FILE_SECS = 1.0  # index times within this are the same checkpoint (coarse mtimes)
 
 

@@ -69,7 +69,6 @@ TAG_PREFIX = "eval/"
 # file stays small enough for the chief's bounded read over a run of any length, and a
 # swept checkpoint cannot come back to be evaluated twice.
 KEEP_GONE_RESULTS = 1000
-BACKLOG = 10  # commits retention keeps for an evaluator that has not seen them yet
 
 
 @dataclass(frozen=True)
@@ -119,7 +118,7 @@ class Evaluator:
         latest_only: bool = False,
         name: str = "evaluator",
         lease_secs: float = LEASE_SECS,
-        backlog: int = BACKLOG,
+        backlog: int = _choice.BACKLOG,
     ) -> None:
         if checkpoint is None:
             raise ValueError("checkpoint must be a tf.train.Checkpoint or a mapping, not None")

@@ -159,7 +159,7 @@ class EvaluatorBacklog:
                 for c in facts.history.committed()
                 if c.seq >= reg.since and not _seen(facts.results.get(c.name), c)
             ]
-            keep.update(c.seq for c in unseen[len(unseen) - reg.backlog :] if reg.backlog)
+            keep.update(c.seq for c in unseen[max(0, len(unseen) - reg.backlog) :])
         return keep
 
 
