@@ -31,7 +31,12 @@ from .means import scalar_parts
 
 
 class Rollback:
-    """What to do when the loss diverges: roll back (see the module's docstring)."""
+    """What to do when the loss diverges: roll back (see the module's docstring).
+
+    ``max_rollbacks`` counts per run: the rollbacks the logdir's history records, across
+    restarts, sessions and ``asupervisor run``'s attempts (not per process). After that
+    many, a divergence ends the session with ``DivergedError``; raise it to go on.
+    """
 
     def __init__(
         self,
