@@ -125,14 +125,9 @@ class Restorer:
         catalog, name = self.catalog, os.path.basename(path)
         history = catalog.history
         commit = history.by_name(name)
-        if commit is None:
-            order = catalog.names.order(name)
-            older = [
-                o
-                for o in reversed(catalog.orphans())
-                if (catalog.names.order(o) or (0, 0)) <= (order or (0, 0))
-            ]
-            catalog.adopt(older)
+        if commit is None:  # an orphan (newest first): it and the older ones, oldest first
+            orphans = catalog.orphans()
+            catalog.adopt(orphans[orphans.index(name) :][::-1])
         elif commit.seq != history.head:
             why = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped)[:500]
             catalog.roll_back(commit.seq, kind="fallback", reason=why or "the head was skipped")

@@ -213,7 +213,7 @@ class Catalog:
         the state file that follows it."""
         write_history(self.store, history)
         self.history = history
-        state = history.state_file(self.store)
+        state = history.state_file()
         if state is not None:
             statefile.write(self.store, state)
 

@@ -231,7 +231,7 @@ class History:
             "rollbacks": [asdict(r) for r in self.rollbacks],
         }
 
-    def state_file(self, store: Store) -> StateFile | None:
+    def state_file(self) -> StateFile | None:
         """The state file that follows this history: the listed commits, oldest first
         with the head last; ``None`` when there is no head."""
         head = self.head_commit()

@@ -161,7 +161,7 @@ def history_of(history: History) -> tuple[list[CommitInfo], list[RollbackInfo]]:
 
     def name(seq: int | None) -> str | None:
         commit = history.commit(seq)
-        return None if commit is None else commit.name if seq is not None else None
+        return None if commit is None else commit.name
 
     rollbacks = [
         RollbackInfo(
