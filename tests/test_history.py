@@ -229,6 +229,28 @@ class HistoryMachine(RuleBasedStateMachine):
         assert after.last_preserved == pytest.approx(self.model_().last_preserved, abs=5)
 
     @precondition(lambda self: self.model is not None)
+    @rule(ahead=st.integers(1, 3))
+    def killed_before_its_commit_then_restarted(self, ahead: int) -> None:
+        """A kill between a checkpoint's files and its commit: the restart tries it first
+        and adopts it (as the restorer does once it reads back whole)."""
+        model = self.model_()
+        step = (model.head.step if model.head else 0) + ahead
+        name = self.catalog_().next_name(step)
+        touch(self.store, name)
+        self.restart()
+        catalog = self.catalog_()
+        assert catalog.orphans() == [name]
+        assert catalog.candidates(committed_only=False)[0] == name
+        assert name not in catalog.candidates(committed_only=True)
+        catalog.adopt([name])
+        adopted = catalog.history.head_commit()
+        assert adopted is not None and adopted.name == name and adopted.healthy is None
+        ref = Ref(adopted.seq, name, step, adopted.time, None)
+        model.commits.append(ref)
+        model.head = ref
+        self.since_rollback = None  # the branch has a commit: the next sweep may go on
+
+    @precondition(lambda self: self.model is not None)
     @rule(data=st.data())
     def lease(self, data: st.DataObject) -> None:
         model = self.model_()
