@@ -144,7 +144,7 @@ def health_check(name: str, shape: tuple[Any, ...], rounds: int) -> dict[str, An
             started = time.perf_counter()
             float(step(*batches[r % len(batches)]))
             steps.append(time.perf_counter() - started)
-    variables = root._float_variables()
+    variables = root.float_variables()
     check, write_, one = (statistics.median(t) for t in (checks, writes, steps))
     return {
         "model": name,

@@ -131,7 +131,7 @@ class SavedRoot:
         ``tf.function`` over all of them (made again when the set of variables changes),
         on the training thread, at a step boundary. A state a finite loss left NaN (the
         gradient of ``sqrt(0)``) is caught here, before it is committed as healthy."""
-        variables = self._float_variables()
+        variables = self.float_variables()
         if not variables:
             return True
         key = tuple(id(v) for v in variables)
@@ -139,7 +139,8 @@ class SavedRoot:
             self._finite = (key, _all_finite(variables))
         return bool(self._finite[1]())
 
-    def _float_variables(self) -> list[Any]:
+    def float_variables(self) -> list[Any]:
+        """The floating-point variables a save writes now (each once)."""
         import tensorflow as tf
 
         found, seen = [], set()
