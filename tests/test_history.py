@@ -535,3 +535,22 @@ def test_a_backlog_larger_than_the_unseen_commits_keeps_them_all(tmp_path: Path)
     register(store, "evaluator", 1, 3, seconds=3600)
     committed_logdir(tmp_path, [0, 0], max_to_keep=1)
     assert on_disk(store) == {"model.ckpt-0", "model.ckpt-0_1"}
+
+
+def test_a_commit_records_the_session_run_and_attempt_that_made_it(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asupervisor._logdir.heartbeat import ENV_ATTEMPT, ENV_RUN
+    from asupervisor._logdir.history import Provenance
+
+    monkeypatch.setenv(ENV_RUN, "run-7")
+    monkeypatch.setenv(ENV_ATTEMPT, "3")
+    store = Store(str(tmp_path / "run"))
+    store.make()
+    catalog = Catalog(store, BASENAME, writer=True, provenance=Provenance.of_session("abc"))
+    catalog.load()
+    touch(store, "model.ckpt-1")
+    catalog.commit("model.ckpt-1", Record(1, time.time(), {"loss": 0.5}, True))
+    (commit,) = read_history(store).commits
+    assert (commit.session, commit.run, commit.attempt) == ("abc", "run-7", 3)
+    assert commit.metrics == {"loss": 0.5} and commit.healthy is True
