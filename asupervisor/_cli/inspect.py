@@ -58,7 +58,7 @@ def history_lines(report: LogdirReport) -> list[str]:
     ]
     if report.commits:
         lines.append(
-            f"  {'seq':>5}  {'parent':>6}  {'branch':>6}  {'step':>10}  {'kept':<9}  "
+            f"  {'commit':>6}  {'parent':>6}  {'branch':>6}  {'step':>10}  {'kept':<9}  "
             f"{'healthy':<7}  {'run/attempt':<14}  name"
         )
     for c in report.commits:
@@ -68,9 +68,9 @@ def history_lines(report: LogdirReport) -> list[str]:
             f"  abandoned by rollback {c.abandoned_by}" if c.abandoned_by is not None else ""
         )
         step = "?" if c.step is None else str(c.step)
-        parent = "-" if c.parent is None else str(c.parent)
+        parent = "-" if c.parent is None else f"#{c.parent}"
         lines.append(
-            f"  {c.seq:>5}  {parent:>6}  {c.branch:>6}  {step:>10}  {c.kept:<9}  "
+            f"  {f'#{c.seq}':>6}  {parent:>6}  {c.branch:>6}  {step:>10}  {c.kept:<9}  "
             f"{healthy:<7}  {shown(made)[:14]:<14}  {shown(c.name)}{notes}"
         )
     for r in report.rollbacks:
