@@ -374,3 +374,26 @@ async def test_a_rollback_says_how_many_batches_it_dropped(
     assert back["batches_dropped"] == 3
     (record,) = history_of(logdir).rollbacks
     assert (record.at_step, record.batches_dropped) == (8, 3)
+
+
+async def test_inspect_shows_the_branches_and_what_a_rollback_abandoned(logdir: str) -> None:
+    from asupervisor._cli.inspect import render
+    from asupervisor._logdir.report import inspect_logdir
+
+    line = Line()
+    sv = supervisor(logdir, line, asv.Rollback(lookback=4), max_to_keep=None)
+    async with sv.session() as sess:
+        await sess.train(line.step, poisoned_at(13), epochs=1)
+    report = inspect_logdir(logdir, verify=False)
+    (rollback,) = report.rollbacks
+    assert (rollback.at_step, rollback.to, rollback.abandoned) == (
+        14,
+        "model.ckpt-9",
+        ["model.ckpt-12"],
+    )
+    head = next(c for c in report.commits if c.head)
+    assert head.branch == 1 and report.latest_checkpoint == os.path.join(logdir, head.name)
+    text = render(report)
+    assert "abandoned by rollback 1" in text
+    assert "back to model.ckpt-9, abandoning model.ckpt-12, 5 batches dropped" in text
+    assert report.as_dict()["rollbacks"][0]["abandoned"] == ["model.ckpt-12"]
