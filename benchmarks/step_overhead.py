@@ -2,6 +2,12 @@
 
     python benchmarks/step_overhead.py               # tiny, medium and large models
     python benchmarks/step_overhead.py --rounds 9
+    python benchmarks/step_overhead.py --health-only # only the second table
+
+A second table is what a save adds to find out whether the state it commits is
+healthy: one finite check over every floating-point variable the checkpoint saves
+(``SavedRoot.finite``, on the training thread), against the checkpoint's write itself
+and against one step (``benchmarks/results/health_check.json``).
 
 All three run in the same process, on the same batches, interleaved (the order
 rotates every round) and the table shows medians over rounds of the time per
@@ -111,6 +117,68 @@ async def compare(
     return {m: statistics.median(t) for m, t in times.items()}
 
 
+def health_check(name: str, shape: tuple[Any, ...], rounds: int) -> dict[str, Any]:
+    """The finite check at a save vs the save's write and one step, medians of ``rounds``."""
+    from asupervisor._checkpointing.root import SavedRoot
+    from asupervisor._training.kept_state import KeptState
+    from asupervisor._training.position import Position
+
+    (model, opt), step, batches = build(*shape)
+    step(*batches[1])  # the optimizer's slots exist: the state a save writes
+    root = SavedRoot(
+        tf.train.Checkpoint(model=model, opt=opt),
+        tf.Variable(0, dtype=tf.int64),
+        Position(),
+        KeptState(),
+    )
+    root.finite()  # traced once, as at a session's first save
+    checks, writes, steps = [], [], []
+    with tempfile.TemporaryDirectory() as logdir:
+        for r in range(rounds):
+            started = time.perf_counter()
+            assert root.finite()
+            checks.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            root.checkpoint.write(os.path.join(logdir, f"ckpt-{r}"))
+            writes.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            float(step(*batches[r % len(batches)]))
+            steps.append(time.perf_counter() - started)
+    variables = root.float_variables()
+    check, write_, one = (statistics.median(t) for t in (checks, writes, steps))
+    return {
+        "model": name,
+        "float variables": len(variables),
+        "values": int(sum(v.shape.num_elements() for v in variables)),
+        "finite check ms": check * 1e3,
+        "save write ms": write_ * 1e3,
+        "check / write": check / write_,
+        "one step ms": one * 1e3,
+        "check / step": check / one,
+    }
+
+
+def health_table(rounds: int) -> None:
+    print("\nThe health check at a save (medians of", rounds, "rounds):")
+    header = (
+        f"| {'model':<36} | {'values':>9} | {'check ms':>8} | {'write ms':>8} | "
+        f"{'check/write':>11} | {'step ms':>7} | {'check/step':>10} |"
+    )
+    print(header)
+    print("|" + "|".join("-" * len(c) for c in header.split("|")[1:-1]) + "|")
+    rows = []
+    for name, shape in MODELS.items():
+        row = health_check(name, shape, rounds)
+        print(
+            f"| {name:<36} | {row['values']:>9} | {row['finite check ms']:>8.3f} | "
+            f"{row['save write ms']:>8.3f} | {row['check / write']:>10.3f}x | "
+            f"{row['one step ms']:>7.3f} | {row['check / step']:>9.3f}x |",
+            flush=True,
+        )
+        rows.append(row)
+    write("health_check", rows)
+
+
 async def main(rounds: int, seconds: float) -> None:
     print(
         f"TensorFlow {tf.__version__}, {os.cpu_count()} cores; "
@@ -145,6 +213,7 @@ async def main(rounds: int, seconds: float) -> None:
             }
         )
     write("step_overhead", results)
+    health_table(rounds)
 
 
 if __name__ == "__main__":
@@ -156,6 +225,12 @@ if __name__ == "__main__":
         default=0.25,
         help="length of one measurement: short, so that the machine's drift falls on all alike",
     )
+    parser.add_argument(
+        "--health-only", action="store_true", help="only the health check at a save"
+    )
     args = parser.parse_args()
     structlog.configure(wrapper_class=structlog.make_filtering_bound_logger(30))  # warnings only
-    anyio.run(main, args.rounds, args.seconds)
+    if args.health_only:
+        health_table(args.rounds)
+    else:
+        anyio.run(main, args.rounds, args.seconds)

@@ -12,7 +12,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpointing.checkpointer import verify_checkpoint
+from asupervisor._logdir.verify import verify_checkpoint
 from tests.conftest import Pair, named
 
 pytestmark = pytest.mark.asyncio

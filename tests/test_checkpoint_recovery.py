@@ -338,7 +338,9 @@ async def test_a_chief_whose_lock_file_is_taken_away_stops_before_its_next_save(
 
 async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> None:
     await train(logdir, 8)  # saves at 0, 2, 4, 6, 8
-    # As if killed after writing 8 but before the state file named it; 2 lost the same way.
+    # An older logdir (no history: derived from the state file), as if killed after
+    # writing 8 but before the state file named it, and in the middle of a sweep of 2.
+    os.remove(os.path.join(logdir, ".asupervisor.history"))
     state = [os.path.join(logdir, f"model.ckpt-{s}") for s in (0, 4, 6)]
     tf.compat.v1.train.update_checkpoint_state(logdir, state[-1], all_model_checkpoint_paths=state)
     pair = Pair()
@@ -351,3 +353,40 @@ async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> Non
         int(n.split("-")[1].split(".")[0]) for n in os.listdir(logdir) if n.endswith(".index")
     )
     assert on_disk == [10, 12]  # no orphan left behind
+
+
+async def test_a_deleted_newest_index_is_logged_as_a_fallback(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    await train(logdir, 6)
+    os.remove(os.path.join(logdir, "model.ckpt-6.index"))
+    report, _ = await restored_step(logdir)
+    assert report.step == 4
+    (fallback,) = named(events, "checkpoint.fallback")
+    assert fallback["skipped"].endswith("model.ckpt-6") and "index" in fallback["reason"]
+
+
+async def test_an_older_logdir_without_a_history_resumes_from_its_state_file(logdir: str) -> None:
+    """A logdir written before the history (the state file and .asupervisor.checkpoints):
+    its history is derived once, with what each commit recorded, and written down."""
+    import json
+
+    from asupervisor._logdir.history import read_history
+    from asupervisor._logdir.store import Store
+
+    await train(logdir, 6)  # 0, 2, 4, 6
+    os.remove(os.path.join(logdir, ".asupervisor.history"))
+    records = {
+        "model.ckpt-4": {"step": 4, "time": 1.0, "metrics": {"val": 0.5}, "healthy": False},
+        "model.ckpt-6": {"step": 6, "time": 2.0, "metrics": {"val": 0.7}, "healthy": True},
+    }
+    Path(logdir, ".asupervisor.checkpoints").write_text(json.dumps(records))
+    report, a = await restored_step(logdir)
+    assert report.step == 6 and a == 6.0
+    history = read_history(Store(logdir))
+    assert not history.derived
+    assert [c.name for c in history.commits] == [f"model.ckpt-{s}" for s in (0, 2, 4, 6)]
+    four = history.by_name("model.ckpt-4")
+    assert four is not None and four.healthy is False and four.metrics == {"val": 0.5}
+    assert not Path(logdir, ".asupervisor.checkpoints").exists()
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-6")

@@ -11,6 +11,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,8 @@ import tensorflow as tf
 import asupervisor as asv
 from asupervisor._evaluate import evaluator as _evaluator
 from asupervisor._logdir import leases as _leases
+from asupervisor._logdir.history import read_history
+from asupervisor._logdir.records import read_results
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 from tests.conftest import Pair, named, pair_supervisor
@@ -72,7 +75,7 @@ async def test_every_committed_checkpoint_once_across_a_restart_while_retention_
     def slow(pair: Pair) -> dict[str, Any]:
         time.sleep(0.15)  # longer than the chief's steps and saves: the sweep races it
         step = int(pair.a.numpy())
-        committed = _evaluator.committed_checkpoints(Store(logdir))
+        committed = [c.name for c in read_history(Store(logdir)).committed()]
         if committed[-1:] != [f"model.ckpt-{step}"]:  # newer ones came while it was read:
             assert f"model.ckpt-{step}" in committed  # beyond max_to_keep, its lease keeps it
             raced.append(step)
@@ -129,10 +132,12 @@ async def test_every_committed_checkpoint_once_across_a_restart_while_retention_
     saved = {os.path.basename(e["path"]) for e in named(events, "checkpoint.saved")}
     chosen = set(names) | {os.path.basename(v["path"]) for v in vanished}
     assert chosen <= saved  # only committed ones
-    assert results_file(logdir).keys() == set(names)
-    assert {n: r["step"] for n, r in results_file(logdir).items()} == {
-        e.checkpoint: e.step for e in before + after
-    }
+    results = results_file(logdir)
+    evaluated = {n: r["step"] for n, r in results.items() if not r["skipped"]}
+    assert evaluated == {e.checkpoint: e.step for e in before + after}
+    # Every commit since the first evaluator began: evaluated, or recorded as skipped.
+    first_seen = min(r["seq"] for r in results.values())
+    assert sorted(results) == sorted(committed_since(logdir, first_seen))
     steps = sorted(e.step for e in before + after)
     assert tensorboard_points(logdir, "eval/a") == [(s, float(s)) for s in steps]
     assert not (Path(logdir) / LEASE).exists()
@@ -174,9 +179,10 @@ async def test_resumes_after_a_kill_between_its_events_and_its_results_skipping_
 
 
 @pytest.mark.asyncio
-async def test_nothing_is_evaluated_without_a_state_file_naming_it(logdir: str) -> None:
+async def test_nothing_is_evaluated_that_no_commit_names(logdir: str) -> None:
     await train(logdir, 2)
     os.remove(Path(logdir) / "checkpoint")  # the files are whole; nothing commits them
+    os.remove(Path(logdir) / ".asupervisor.history")
     ev, _ = evaluator(logdir)
     assert await ev.run(idle_secs=0.2) == []
     assert ev.results() == {}
@@ -220,11 +226,12 @@ async def test_a_checkpoint_swept_before_its_lease_or_under_its_restore_is_passe
     hold = _evaluator.hold
 
     def swept_first(store: Store, reader: str, name: str, seconds: float) -> None:
-        if name == "model.ckpt-0":
-            state = (Path(logdir) / "checkpoint").read_text()
-            (Path(logdir) / "checkpoint").write_text(
-                "\n".join(line for line in state.splitlines() if "model.ckpt-0" not in line)
-            )
+        if name == "model.ckpt-0":  # the chief's sweep: the history first, then the files
+            history = json.loads((Path(logdir) / ".asupervisor.history").read_text())
+            for commit in history["commits"]:
+                if commit["name"] == name:
+                    commit["kept"] = "gone"
+            (Path(logdir) / ".asupervisor.history").write_text(json.dumps(history))
             sweep(name)
         hold(store, reader, name, seconds)
 
@@ -242,7 +249,9 @@ async def test_a_checkpoint_swept_before_its_lease_or_under_its_restore_is_passe
     vanished = {os.path.basename(e["path"]): e["reason"] for e in named(events, "eval.vanished")}
     assert vanished["model.ckpt-0"] == "swept before its lease was written"
     assert "NotFoundError" in vanished["model.ckpt-2"]
-    assert list(ev.results()) == ["model.ckpt-4"]
+    results = ev.results()
+    assert [n for n, r in results.items() if not r["skipped"]] == ["model.ckpt-4"]
+    assert sorted(n for n, r in results.items() if r["skipped"]) == ["model.ckpt-0", "model.ckpt-2"]
 
 
 @pytest.mark.asyncio
@@ -366,6 +375,7 @@ async def test_bad_arguments_and_a_second_evaluator_are_refused(logdir: str) -> 
 
 
 SCRIPT = """
+import threading
 import time
 from pathlib import Path
 import tensorflow as tf
@@ -472,7 +482,114 @@ async def test_an_object_store_logdir(tmp_path: Path) -> None:
     await train(logdir, 2)  # 0, 2
     ev, _ = evaluator(logdir)
     assert [e.step for e in await ev.run(until_step=2)] == [0, 2]
-    assert sorted(_evaluator.read_results(logdir)) == ["model.ckpt-0", "model.ckpt-2"]
+    assert sorted(read_results(logdir)) == ["model.ckpt-0", "model.ckpt-2"]
     assert any(n.startswith("events.out") for n in tf.io.gfile.listdir(f"{logdir}/eval"))
     assert not tf.io.gfile.exists(f"{logdir}/{LEASE}")
     assert await evaluator(logdir)[0].run(until_step=2) == []  # the lock was let go
+
+
+# -- every committed checkpoint once, or recorded skipped: the evaluator's backlog ------
+
+
+def committed_since(logdir: str, since: int) -> list[str]:
+    return [c.name for c in read_history(Store(logdir)).commits if c.seq >= since]
+
+
+@pytest.mark.asyncio
+async def test_with_max_to_keep_1_and_slow_evaluations_every_commit_is_evaluated_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """The chief keeps one checkpoint and commits at every step; the evaluator takes
+    longer than a step, and is stopped and started again in the middle while the chief
+    commits on. Retention keeps what it has not evaluated (within its backlog)."""
+    last_step = 16
+    count, first_done, gap_done = [0], anyio.Event(), anyio.Event()
+    pair = Pair()
+
+    def first_fn() -> dict[str, Any]:
+        count[0] += 1
+        time.sleep(0.1)
+        if count[0] == 2:
+            first.stop()
+        return {"a": pair.a, "b": pair.b.numpy()}
+
+    first = asv.Evaluator(
+        logdir, checkpoint={"pair": pair}, eval_fn=first_fn, poll_secs=0.02, backlog=32
+    )
+
+    async def chief() -> None:
+        trained = Pair()
+        sv = pair_supervisor(logdir, trained, max_to_keep=1, save_model_steps=1)
+        async with sv.session() as sess:
+            for _ in range(last_step):
+                await sess.run(trained.step)
+                if sess.global_step == 6:
+                    await first_done.wait()  # the commits from here come while none runs
+        gap_done.set()
+
+    evaluations: list[asv.Evaluation] = []
+
+    async def evaluators() -> None:
+        evaluations.extend(await first.run())
+        first_done.set()
+        await gap_done.wait()
+        second, _ = evaluator(logdir, backlog=32)
+        evaluations.extend(await second.run(until_step=last_step))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(chief)
+            tasks.start_soon(evaluators)
+
+    names = [e.checkpoint for e in evaluations]
+    assert len(names) == len(set(names))
+    assert sorted(names) == sorted(committed_since(logdir, 1))  # every commit, once
+    assert not named(events, "eval.skipped") and not named(events, "eval.vanished")
+    for e in evaluations:
+        assert e.metrics == {"a": float(e.step), "b": float(e.step)}
+
+
+@pytest.mark.asyncio
+async def test_past_its_backlog_the_commits_it_missed_are_recorded_as_skipped(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """The first evaluation holds while the chief commits ten more with one kept and a
+    backlog of one: the ones swept meanwhile are in the results as skipped, and logged."""
+    pair, started, release = Pair(), threading.Event(), threading.Event()
+
+    def held() -> dict[str, Any]:
+        started.set()
+        release.wait(60)
+        return {"a": pair.a, "b": pair.b.numpy()}
+
+    ev = asv.Evaluator(logdir, checkpoint={"pair": pair}, eval_fn=held, poll_secs=0.02, backlog=1)
+
+    async def chief() -> None:
+        trained = Pair()
+        sv = pair_supervisor(logdir, trained, max_to_keep=1, save_model_steps=1)
+        async with sv.session() as sess:
+            await anyio.to_thread.run_sync(started.wait, 60)
+            for _ in range(10):
+                await sess.run(trained.step)
+        release.set()
+
+    done: list[asv.Evaluation] = []
+
+    async def evaluate() -> None:
+        done.extend(await ev.run(until_step=10))
+
+    with anyio.fail_after(120):
+        async with anyio.create_task_group() as tasks:
+            tasks.start_soon(evaluate)
+            tasks.start_soon(chief)
+
+    results = results_file(logdir)
+    everything = committed_since(logdir, 1)
+    assert sorted(results) == sorted(everything)  # each one: evaluated or skipped
+    skipped = sorted(n for n, r in results.items() if r.get("skipped"))
+    evaluated = sorted(e.checkpoint for e in done)
+    assert skipped and not set(skipped) & set(evaluated)
+    assert sorted(skipped + evaluated) == sorted(everything)
+    logged = [os.path.basename(p) for e in named(events, "eval.skipped") for p in e["paths"]]
+    assert sorted(logged) == skipped
+    assert "model.ckpt-10" in evaluated  # the newest is never the one skipped

@@ -10,14 +10,15 @@ import re
 import subprocess
 import sys
 import textwrap
+import time
 from pathlib import Path
 
 import pytest
 import tensorflow as tf
 
 import asupervisor as asv
+from asupervisor._logdir.history import read_history
 from asupervisor._logdir.leases import hold, let_go
-from asupervisor._logdir.records import read_records
 from asupervisor._logdir.store import Store
 from tests import forked
 from tests.conftest import Pair
@@ -38,8 +39,8 @@ async def test_the_best_by_a_metric_is_kept_beside_the_newest(logdir: str, pair:
             await sess.run(pair.step)
             await sess.save_checkpoint(metrics={"val": val})
     assert on_disk(logdir) == ["model.ckpt-2", "model.ckpt-4", "model.ckpt-5"]  # 3.0, newest 2
-    records = read_records(Store(logdir))
-    assert records["model.ckpt-2"].metrics["val"] == 3.0 and records["model.ckpt-2"].healthy
+    best = read_history(Store(logdir)).by_name("model.ckpt-2")
+    assert best is not None and best.metrics["val"] == 3.0 and best.healthy
     state = tf.train.get_checkpoint_state(logdir)
     assert [Path(p).name for p in state.all_model_checkpoint_paths] == on_disk(logdir)
 
@@ -62,25 +63,23 @@ async def test_a_checkpoint_a_reader_holds_a_lease_on_is_not_swept(logdir: str, 
 async def test_a_lease_written_just_after_the_sweep_read_leases_still_keeps_its_checkpoint(
     logdir: str, pair: Pair, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    # The reader's protocol: write the lease, then check the state file still lists the
+    # The reader's protocol: write the lease, then check the history still commits the
     # checkpoint. Here it does both at the worst moment: after the sweep has read the
-    # leases, before it writes the state file without the checkpoint.
+    # leases, before it writes the history without the checkpoint.
     from asupervisor._logdir import retention as _retention
 
     store, seen_listed = Store(logdir), []
-    protected = _retention.Retention.protected
+    keeps = _retention.Retention.keeps
 
-    def reader_comes_now(self: _retention.Retention) -> set[str]:
-        keep = protected(self)
-        if not seen_listed and self.names()[-1:] == ["model.ckpt-2"]:  # ckpt-1 goes
-            hold(store, "evaluator", "model.ckpt-1", seconds=60)
-            state = tf.train.get_checkpoint_state(logdir)
-            seen_listed.append(
-                any(p.endswith("model.ckpt-1") for p in state.all_model_checkpoint_paths)
-            )
+    def reader_comes_now(self: _retention.Retention, facts: _retention.Facts) -> set[int]:
+        keep = keeps(self, facts)
+        if not seen_listed and [c.name for c in facts.history.listed()][-1:] == ["model.ckpt-2"]:
+            hold(store, "evaluator", "model.ckpt-1", seconds=60)  # ckpt-1 goes
+            committed = read_history(store).committed()
+            seen_listed.append(any(c.name == "model.ckpt-1" for c in committed))
         return keep
 
-    monkeypatch.setattr(_retention.Retention, "protected", reader_comes_now)
+    monkeypatch.setattr(_retention.Retention, "keeps", reader_comes_now)
     sv = asv.Supervisor(
         logdir, checkpoint={"p": pair}, save_model_secs=0, save_model_steps=1, max_to_keep=1,
         save_summaries_secs=0, handle_signals=False,
@@ -153,10 +152,46 @@ def test_the_true_best_survives_a_sigkill_and_a_resume(tmp_path: Path) -> None:
     seen += second.stdout.splitlines()
     vals = [float(v) for v in re.findall(r"val_loss ([\d.]+)", "".join(seen))]
     assert len(vals) >= 12  # both runs' epochs (an epoch cut by the kill runs again)
-    records = read_records(Store(logdir))
-    kept = {n: r.metrics.get("val_loss") for n, r in records.items()}
+    history = read_history(Store(logdir))
+    kept = {c.name: c.metrics.get("val_loss") for c in history.committed()}
     best = min(vals)
     assert any(v is not None and abs(v - best) < 1e-5 for v in kept.values()), (kept, best)
     name = min((n for n, v in kept.items() if v is not None), key=lambda n: kept[n] or 0)
     assert os.path.exists(os.path.join(logdir, name + ".index"))  # on disk, whole
     print("kept:", json.dumps(kept), "best val_loss:", best)
+
+
+@pytest.mark.asyncio
+async def test_checkpoints_kept_every_n_hours_stay_on_disk_unlisted_as_tf_keeps_them(
+    logdir: str,
+) -> None:
+    """TF's CheckpointManager rule (its testSaveRestoreState): a checkpoint kept by
+    keep_checkpoint_every_n_hours leaves the state file's list and stays on disk, so that
+    a TF manager over the same directory never deletes it; the history still knows it."""
+    from asupervisor._logdir.history import read_history
+
+    every = 0.05 / 3600  # each checkpoint that leaves the newest two is kept this way
+    for _ in range(2):  # across sessions too
+        pair = Pair()
+        sv = asv.Supervisor(
+            logdir, checkpoint={"p": pair}, save_model_secs=0, save_model_steps=1,
+            max_to_keep=2, keep_checkpoint_every_n_hours=every, save_summaries_secs=0,
+            handle_signals=False,
+        )  # fmt: skip
+        async with sv.session() as sess:
+            for _ in range(4):
+                await sess.run(pair.step)
+                time.sleep(0.06)  # longer than `every` between two commits
+        newest = sorted(on_disk(logdir), key=lambda n: int(n.split("-")[1]))[-2:]
+        state = tf.train.get_checkpoint_state(logdir)
+        assert [Path(p).name for p in state.all_model_checkpoint_paths] == newest
+        manager = tf.train.CheckpointManager(tf.train.Checkpoint(), logdir, max_to_keep=2)
+        assert [Path(p).name for p in manager.checkpoints] == newest
+        history = read_history(Store(logdir))
+        kept = {c.name: c.kept for c in history.committed()}
+        assert set(kept) == set(on_disk(logdir))  # all on disk, all known
+        assert [n for n, how in kept.items() if how == "listed"] == newest
+        assert all(how == "preserved" for n, how in kept.items() if n not in newest)
+        assert state.last_preserved_timestamp == max(
+            c.time for c in history.committed() if c.kept == "preserved"
+        )

@@ -26,12 +26,15 @@ pytestmark = pytest.mark.slow
 
 
 def newest_complete(logdir: str) -> int | None:
-    """The newest checkpoint on disk whose files read back whole (a restart restores it)."""
-    from asupervisor._logdir.files import checkpoint_problem, list_checkpoints
+    """The first checkpoint a restart tries whose files read back whole (it restores it)."""
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.files import checkpoint_problem
     from asupervisor._logdir.store import Store
 
     store = Store(logdir)
-    for path in list_checkpoints(store, "model.ckpt"):
+    catalog = Catalog(store, "model.ckpt", writer=False)
+    catalog.load()
+    for path in map(store.path, catalog.candidates(committed_only=False)):
         if checkpoint_problem(store, path) is None:
             reader = tf.train.load_checkpoint(path)
             return int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))

@@ -134,10 +134,10 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
     own = {
         "checkpoint",
         ".asupervisor.lock",
-        ".asupervisor.checkpoints",
+        ".asupervisor.history",
         ".asupervisor.heartbeat",
         "asupervisor-ledger.jsonl",
-    }  # state, lock, records, presence
+    }  # state, lock, history, presence
     assert names - set(events) - own == {
         f"model.ckpt-{s}.{ext}" for s in steps for ext in ("index", "data-00000-of-00001")
     }

@@ -103,11 +103,7 @@ REACHES = {
 # Documented functions of the standard library whose names start with an underscore.
 DOCUMENTED = {"os._exit", "sys._current_frames"}
 # Private names imported from another module, by module.
-PRIVATE_IMPORTS = {
-    # Goes: one definition of "the newest checkpoint" replaces this import (the history
-    # work); remove these at the merge.
-    "asupervisor/_run/supervisor.py": {"_INDEX", "_latest_from_state_file"},
-}
+PRIVATE_IMPORTS: dict[str, set[str]] = {}
 
 
 def _private(name: str) -> bool:

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import tensorflow as tf
 
-from asupervisor._checkpointing.checkpointer import verify_checkpoint
+from asupervisor._logdir.verify import verify_checkpoint
 from tests import forked
 
 # RLIMIT_FSIZE makes every write past 64 KiB fail with EFBIG, as a full disk fails

@@ -16,7 +16,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from asupervisor._checkpointing.checkpointer import verify_checkpoint
+from asupervisor._logdir.verify import verify_checkpoint
 from tests import forked
 from tests.conftest import Pair, named, pair_supervisor
 from tests.faults.harness import Trainer

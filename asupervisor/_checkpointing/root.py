@@ -105,6 +105,7 @@ class SavedRoot:
             seeds.states = generators
             self.ours[SEEDS] = seeds
         self.checkpoint = self._root(self.ours)
+        self._finite: tuple[tuple[int, ...], Any] | None = None  # (variables' ids, check)
 
     def _root(self, ours: Mapping[str, Any]) -> tf.train.Checkpoint:
         import tensorflow as tf
@@ -135,3 +136,46 @@ class SavedRoot:
         """A root without ``names`` (of the supervisor's own objects): to restore an older
         or another tool's checkpoint that lacks them, checking that it fills the rest."""
         return self._root({k: v for k, v in self.ours.items() if k not in names})
+
+    def finite(self) -> bool:
+        """Whether every floating-point variable a save writes now is finite: one
+        ``tf.function`` over all of them (made again when the set of variables changes),
+        on the training thread, at a step boundary. A state a finite loss left NaN (the
+        gradient of ``sqrt(0)``) is caught here, before it is committed as healthy."""
+        variables = self.float_variables()
+        if not variables:
+            return True
+        key = tuple(id(v) for v in variables)
+        if self._finite is None or self._finite[0] != key:
+            self._finite = (key, _all_finite(variables))
+        return bool(self._finite[1]())
+
+    def float_variables(self) -> list[Any]:
+        """The floating-point variables a save writes now (each once)."""
+        import tensorflow as tf
+
+        found, seen = [], set()
+        for obj in tf.train.TrackableView(self.checkpoint).descendants():
+            # A Keras 3 variable holds its tf.Variable in `.value`.
+            variable = obj if isinstance(obj, tf.Variable) else _value_of(obj)
+            if isinstance(variable, tf.Variable) and variable.dtype.is_floating:
+                if id(variable) not in seen:
+                    seen.add(id(variable))
+                    found.append(variable)
+        return found
+
+
+def _all_finite(variables: list[Any]) -> Any:
+    import tensorflow as tf
+
+    def all_finite() -> Any:
+        return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
+
+    return tf.function(all_finite, autograph=False)
+
+
+def _value_of(obj: Any) -> Any:
+    try:
+        return obj.value
+    except Exception:  # any object may have a `value` that is not a variable's
+        return None

@@ -6,13 +6,28 @@ import os
 import shutil
 import tempfile
 import uuid
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from .checkpointer import Checkpointer
+from .writer import Writer
 
 if TYPE_CHECKING:
     from .._logdir.records import Record
     from .root import SavedRoot
+
+
+class ScratchWriter(Writer):
+    """Takes part in each save, and keeps nothing: the directory goes straight after."""
+
+    def _commit(self, name: str, record: Record) -> None:
+        pass  # nothing of a non-chief's is committed: the chief's files are the checkpoint
+
+    def save(self, step: int, record: Record, **kwargs: Any) -> str | None:
+        try:
+            super().save(step, record, **kwargs)
+        finally:
+            shutil.rmtree(self.store.root, ignore_errors=True)
+        return None
 
 
 class ScratchCheckpointer(Checkpointer):
@@ -29,29 +44,8 @@ class ScratchCheckpointer(Checkpointer):
         name = f"asupervisor-{worker.replace(':', '')}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
         scratch = os.path.join(tempfile.gettempdir(), name)
         super().__init__(
-            root,
-            scratch,
-            basename=basename,
-            max_to_keep=1,
-            keep_checkpoint_every_n_hours=None,
-            durable=False,  # thrown away at once: no fsync
+            root, scratch, basename=basename, max_to_keep=1, keep_checkpoint_every_n_hours=None
         )
-
-    def save(
-        self,
-        step: int,
-        *,
-        force: bool = False,
-        final: bool = False,
-        tag: int = 0,
-        record: Record | None = None,
-    ) -> str | None:
-        """Take part in the save at ``step``; nothing is kept, so nothing is returned."""
-        try:
-            super().save(step, force=force, final=final, tag=tag)
-        finally:
-            shutil.rmtree(self.directory, ignore_errors=True)
-        return None
-
-    def candidates(self) -> list[str]:
-        return []  # a non-chief never picks a checkpoint: the chief does
+        self.writer = ScratchWriter(
+            root, self.catalog, self.writer.retention, self.writer.guard, durable=False
+        )

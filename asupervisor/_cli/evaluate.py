@@ -17,6 +17,8 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
+from .._evaluate.choice import BACKLOG
+
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
 
@@ -106,6 +108,14 @@ def add_parser(commands: Any) -> None:
         default="evaluator",
         help="the name of the evaluator's lease in LOGDIR (default: evaluator)",
     )
+    evaluate.add_argument(
+        "--backlog",
+        type=int,
+        default=BACKLOG,
+        metavar="N",
+        help="how many commits not evaluated yet the trainer keeps on disk for it; past "
+        f"that, the ones swept are recorded as skipped (default: {BACKLOG})",
+    )
 
 
 def load_factory(script: str | None, module: str | None) -> Callable[[], Any]:
@@ -151,6 +161,7 @@ def main(args: argparse.Namespace) -> int:
             poll_secs=args.poll_secs,
             latest_only=args.latest_only,
             name=args.name,
+            backlog=args.backlog,
         )
         anyio.run(_run, evaluator, args, stopped_by)
     except KeyboardInterrupt:

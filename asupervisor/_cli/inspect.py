@@ -28,10 +28,14 @@ def render(report: LogdirReport) -> str:
         readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
         metrics = " ".join(f"{shown(k)}={v:.6g}" for k, v in sorted(c.metrics.items()))
         if c.healthy is False:
-            metrics = "NOT HEALTHY (loss not finite) " + metrics
-        rows.append([str(c.step), c.saved, size(c.bytes), readable, metrics])
+            metrics = "NOT HEALTHY (loss or state not finite) " + metrics
+        if c.seq is None:
+            metrics = "(no commit names it) " + metrics
+        step = "?" if c.step is None else str(c.step)
+        rows.append([step, c.saved, size(c.bytes), readable, metrics])
     header = ["step", "saved (UTC)", "size", "readable", "metrics"]
     lines += _indented(columns(header, rows, right={0, 2}))
+    lines += ["", *history_lines(report)]
     lines.append("")
     lines.append(f"tags ({len(report.tags)}):")
     rows = []
@@ -51,6 +55,48 @@ def render(report: LogdirReport) -> str:
 
 def _indented(table: list[str]) -> list[str]:
     return ["  " + line for line in table]
+
+
+def history_lines(report: LogdirReport) -> list[str]:
+    """``asupervisor inspect``'s history: each commit in commit order with its parent and
+    branch, where it is, and each rollback (which commits it abandoned, for which)."""
+    derived = "  (derived from an older logdir's state file)" if report.history_derived else ""
+    lines = [
+        f"history ({len(report.commits)} commits, {len(report.rollbacks)} rollbacks){derived}:"
+    ]
+    rows = []
+    for c in report.commits:
+        healthy = {True: "yes", False: "NO", None: "?"}[c.healthy]
+        made = f"{c.run or '-'}/{c.attempt if c.attempt is not None else '-'}"
+        notes = ("  HEAD" if c.head else "") + (
+            f"  abandoned by rollback {c.abandoned_by}" if c.abandoned_by is not None else ""
+        )
+        step = "?" if c.step is None else str(c.step)
+        parent = "-" if c.parent is None else f"#{c.parent}"
+        rows.append(
+            [
+                f"#{c.seq}",
+                parent,
+                str(c.branch),
+                step,
+                c.kept,
+                healthy,
+                shown(made),
+                shown(c.name) + notes,
+            ]
+        )
+    if rows:
+        header = ["commit", "parent", "branch", "step", "kept", "healthy", "run/attempt", "name"]
+        lines += _indented(columns(header, rows, right={0, 1, 2, 3}))
+    for r in report.rollbacks:
+        at = "" if r.at_step is None else f" at step {r.at_step}"
+        dropped = f", {r.batches_dropped} batches dropped" if r.batches_dropped else ""
+        left = ", ".join(shown(n) for n in r.abandoned) or "nothing"
+        lines.append(
+            f"  rollback {r.number} ({r.kind}{at}: {shown(r.reason)[:60]}): back to "
+            f"{shown(r.to)}, abandoning {left}{dropped}"
+        )
+    return lines
 
 
 def ledger_lines(report: LogdirReport) -> list[str]:

@@ -4,18 +4,21 @@ Evaluating on the training thread holds training for as long as the evaluation r
 ``Evaluator`` runs instead in a process of its own (``asupervisor evaluate``) and follows
 the chief's checkpoints:
 
-- **Only committed checkpoints**: those the state file names (files it does not name yet
-  may be half written). Without a readable state file it evaluates nothing and waits.
-- **Oldest first, each once.** What it evaluated is in its results file,
-  ``<logdir>/eval/.asupervisor.evaluated`` (``_records``), written whole after each
-  evaluation; a restarted evaluator goes on with the first committed checkpoint it has no
-  result for. ``latest_only`` takes only the newest one at each look, and says which it
-  skipped. A name the results hold whose index file has another time since is a new
-  checkpoint under an old name (a run rolled back and saved the step again): evaluated.
+- **Only committed checkpoints**: those the logdir's history names (files it does not
+  name yet may be half written), in commit order (``_history``).
+- **Every commit once, evaluated or recorded skipped.** What it evaluated, and what it
+  skipped and why, is in its results file, ``<logdir>/eval/.asupervisor.evaluated``
+  (``_records``), written whole after each; a restarted evaluator goes on with the first
+  commit it has no result for (``_choice``). It *registers* in the logdir
+  (``_leases.register``): while the registration is unexpired (renewed while it runs,
+  left to expire when it stops, so that a restart finds it), the chief's retention keeps
+  the newest ``backlog`` commits it has not seen. One swept past that backlog is recorded
+  as skipped (``eval.skipped``); ``latest_only`` takes only the newest at each look and
+  records the older ones as skipped.
 - **A lease on the checkpoint it evaluates** (``_leases``): written before the restore,
-  renewed while the evaluation runs, removed after. The checkpoint is chosen again from
-  the state file once the lease is on disk: one the chief swept before then is passed
-  over (``eval.vanished``), and one it sweeps after then stays for the lease's length.
+  renewed while the evaluation runs, removed after. The commit is looked up again in the
+  history once the lease is on disk: one the chief swept before then is recorded as
+  skipped (``eval.vanished``), and one it sweeps after then stays for the lease's length.
 - **The checkpoint is verified as the trainer verifies it** (every tensor read back), and
   only the user's objects are restored into; the global step comes from the checkpoint.
 - **Events** ``eval/<metric>`` at the checkpoint's step, in an events file in
@@ -34,7 +37,6 @@ thread, unrecorded (the next evaluation waits for it).
 from __future__ import annotations
 
 import os
-import re
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -48,14 +50,16 @@ import anyio.lowlevel
 from .._checkpointing.root import children_of, user_checkpoint
 from .._errors import CheckpointMismatchError, LogdirLockedError
 from .._log import log
-from .._logdir.files import checkpoint_problem, files_problem, read_state
-from .._logdir.leases import LEASE_SECS, hold, let_go
+from .._logdir.files import checkpoint_problem, files_problem
+from .._logdir.history import Commit, History, read_history
+from .._logdir.leases import LEASE_SECS, hold, let_go, register, registration
 from .._logdir.lock import LeaseLock, LogdirLock, make_lock
-from .._logdir.records import EVALUATED, evaluated_store, finite_numbers, write_evaluated
+from .._logdir.records import evaluated_store, finite_numbers, read_results, write_evaluated
 from .._logdir.store import Store, is_object_store
 from .._logdir.verify import reader_of, shape_differences, top_level_differences
 from .._training.summaries import EventsFile
 from .._validate import boolean, non_negative_int, optional_positive, positive
+from . import choice as _choice
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -65,8 +69,6 @@ TAG_PREFIX = "eval/"
 # file stays small enough for the chief's bounded read over a run of any length, and a
 # swept checkpoint cannot come back to be evaluated twice.
 KEEP_GONE_RESULTS = 1000
-RESULTS_READ_LIMIT = 64 << 20
-SAME_FILE_SECS = 1.0  # index times within this are the same checkpoint (coarse mtimes)
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,10 @@ class Evaluator:
     mapping of metric name to number. ``poll_secs``: how often the state file is read for
     new checkpoints. ``latest_only``: at each look take only the newest checkpoint not yet
     evaluated, skipping older ones. ``name`` names the evaluator's lease
-    (``.asupervisor.reading.<name>``), renewed every third of ``lease_secs``.
+    (``.asupervisor.reading.<name>``), renewed every third of ``lease_secs``, and its
+    registration (``.asupervisor.evaluator.<name>``). ``backlog``: how many commits it
+    has not seen yet the chief's retention keeps for it (each one a checkpoint on disk
+    beyond ``max_to_keep``); past that, the ones swept are recorded as skipped.
     """
 
     def __init__(
@@ -113,6 +118,7 @@ class Evaluator:
         latest_only: bool = False,
         name: str = "evaluator",
         lease_secs: float = LEASE_SECS,
+        backlog: int = _choice.BACKLOG,
     ) -> None:
         if checkpoint is None:
             raise ValueError("checkpoint must be a tf.train.Checkpoint or a mapping, not None")
@@ -128,11 +134,10 @@ class Evaluator:
         self._latest_only = boolean("latest_only", latest_only)
         self._name = name
         self._lease_secs = positive("lease_secs", lease_secs)
+        self._backlog = non_negative_int("backlog", backlog)
         self._results: dict[str, dict[str, Any]] = {}
-        # Passed over (damaged, or gone): never tried again, unless a new checkpoint comes
-        # under the same name (another index time).
-        self._passed: set[tuple[str, float | None]] = set()
-        self._skipped: set[str] = set()  # logged once each (latest_only)
+        self._since = 1  # the first commit to see (its seq): set when it opens
+        self._registered_at = 0.0  # time.monotonic() of the last registration written
         self._stop = threading.Event()
         self._wake: Callable[[], None] | None = None
         self._running = False
@@ -144,8 +149,9 @@ class Evaluator:
         return self._logdir
 
     def results(self) -> dict[str, dict[str, Any]]:
-        """The results file as last read or written: checkpoint name ->
-        ``{"step", "time", "metrics", "written"}``."""
+        """The results file as last read or written: checkpoint name -> ``{"step",
+        "time", "metrics", "written", "seq", "skipped"}`` (``skipped``: why it was not
+        evaluated, or ``None``)."""
         return {name: dict(entry) for name, entry in self._results.items()}
 
     def stop(self) -> None:
@@ -187,23 +193,21 @@ class Evaluator:
                 until_step=until,
                 idle_secs=idle,
             )
-            last_new, known = anyio.current_time(), set[str]()
+            last_new, known = anyio.current_time(), 0
             while True:
                 if self._stop.is_set():
                     reason = "requested"
                     break
-                committed, todo = await anyio.to_thread.run_sync(self._pending)
-                if set(committed) - known:
-                    last_new = anyio.current_time()
-                    known |= set(committed)
-                if self._latest_only and committed:
-                    # Only the newest is a candidate: an older one is never taken later.
-                    self._skip([n for n in todo if n != committed[-1]])
-                    todo = [n for n in todo if n == committed[-1]]
-                if todo:
+                history, todo = await anyio.to_thread.run_sync(self._pending)
+                if history.next_seq > known:
+                    last_new, known = anyio.current_time(), history.next_seq
+                chosen = _choice.choose(todo, history, self._latest_only, self._backlog)
+                if chosen.skip:
+                    await anyio.to_thread.run_sync(self._record_skipped, chosen.skip)
+                if chosen.evaluate is not None:
                     if events is None:
                         events = EventsFile(evaluated_store(self._logdir).root, None)
-                    result = await self._one(todo[0], events)
+                    result = await self._one(chosen.evaluate, events)
                     if result is not None:
                         done.append(result)
                     continue
@@ -225,26 +229,23 @@ class Evaluator:
 
     # -- one checkpoint ------------------------------------------------------------------
 
-    async def _one(self, name: str, events: EventsFile) -> Evaluation | None:
-        """Lease, choose again, restore and evaluate, record; the lease goes after."""
-        store = self._store
+    async def _one(self, commit: Commit, events: EventsFile) -> Evaluation | None:
+        """Lease, look it up again, restore and evaluate, record; the lease goes after."""
+        store, name = self._store, commit.name
         written = await anyio.to_thread.run_sync(self._written, name)
         await anyio.to_thread.run_sync(hold, store, self._name, name, self._lease_secs)
         try:
-            if not await anyio.to_thread.run_sync(self._still_committed, name):
-                self._passed.add((name, written))
-                log.info(
-                    "eval.vanished",
-                    path=store.path(name),
-                    reason="swept before its lease was written",
-                )
+            if not await anyio.to_thread.run_sync(self._still_committed, commit):
+                reason = "swept before its lease was written"
+                log.info("eval.vanished", path=store.path(name), reason=reason)
+                await anyio.to_thread.run_sync(self._record_skipped, [(commit, reason)], False)
                 return None
             failure: Exception | None = None
             async with anyio.create_task_group() as renewals:
                 renewals.start_soon(self._renew, name)
                 try:
                     outcome = await anyio.to_thread.run_sync(
-                        self._evaluate, name, abandon_on_cancel=True
+                        self._evaluate, commit, abandon_on_cancel=True
                     )
                 except Exception as exc:  # raised as itself, not in the group's wrapping
                     failure = exc
@@ -252,17 +253,17 @@ class Evaluator:
             if failure is not None:
                 raise failure
             if not isinstance(outcome, Evaluation):
-                # A damaged one fails again; a swept one that the state file still names
-                # (files deleted by hand) would be chosen again at once.
-                self._passed.add((name, written))
-            if isinstance(outcome, _Vanished):
-                log.info("eval.vanished", path=store.path(name), reason=outcome.reason)
-                return None
-            if isinstance(outcome, _Damaged):
-                log.warning("eval.damaged", path=store.path(name), reason=outcome.reason)
+                # Not tried again: a damaged one fails again; a swept one that the history
+                # still names (files deleted by hand) would be chosen again at once.
+                if isinstance(outcome, _Vanished):
+                    log.info("eval.vanished", path=store.path(name), reason=outcome.reason)
+                else:
+                    log.warning("eval.damaged", path=store.path(name), reason=outcome.reason)
+                skipped = [(commit, f"{type(outcome).__name__[1:].lower()}: {outcome.reason}")]
+                await anyio.to_thread.run_sync(self._record_skipped, skipped, False)
                 return None
             with anyio.CancelScope(shield=True):  # evaluated: recorded, even when cancelled now
-                await anyio.to_thread.run_sync(self._record, outcome, events, written)
+                await anyio.to_thread.run_sync(self._record, outcome, events, written, commit)
             return outcome
         finally:
             with anyio.CancelScope(shield=True):
@@ -299,21 +300,41 @@ class Evaluator:
             ) from None
         try:
             self._results = read_results(self._logdir)
+            history = read_history(self._store)
+            mine = registration(self._store, self._name)
+            self._since = _choice.since_of(
+                history, self._results, None if mine is None else mine.since
+            )
+            self._register()
         except BaseException:
             lock.release()
             raise
         return lock
 
-    def _pending(self) -> tuple[list[str], list[str]]:
-        """The committed checkpoints, oldest first, and those of them still to evaluate."""
-        committed = committed_checkpoints(self._store)
-        todo = []
-        for name in committed:
-            written = self._written(name)
-            if (name, written) in self._passed or self._evaluated(name, written):
-                continue
-            todo.append(name)
-        return committed, todo
+    def _register(self) -> None:
+        """The registration that asks the chief's retention to keep the backlog; renewed
+        every third of ``lease_secs`` while it runs (a failed write: the next one)."""
+        backlog = 0 if self._latest_only else self._backlog
+        try:
+            register(self._store, self._name, self._since, backlog, self._lease_secs)
+        except OSError as exc:
+            log.warning(
+                "eval.lease_failed",
+                path=self._store.path(self._name),
+                action="register",
+                error=repr(exc),
+            )
+            return
+        self._registered_at = time.monotonic()
+
+    def _pending(self) -> tuple[History, list[Commit]]:
+        """The history now, and the commits in it not yet evaluated nor skipped."""
+        if time.monotonic() - self._registered_at >= self._lease_secs / 3:
+            self._register()
+        history = read_history(self._store)
+        legacy = [n for n, e in self._results.items() if e.get("seq") is None or history.derived]
+        written = {n: self._written(n) for n in legacy}
+        return history, _choice.unseen(history, self._results, self._since, written)
 
     def _written(self, name: str) -> float | None:
         try:
@@ -322,24 +343,17 @@ class Evaluator:
             return None
         return stamp if stamp > 0 else None
 
-    def _evaluated(self, name: str, written: float | None) -> bool:
-        entry = self._results.get(name)
-        if entry is None:
-            return False
-        before = entry.get("written")
-        if not isinstance(before, (int, float)) or written is None:
-            return True
-        return abs(float(before) - written) <= SAME_FILE_SECS
+    def _still_committed(self, commit: Commit) -> bool:
+        now = read_history(self._store).by_name(commit.name)
+        return now is not None and now.on_disk and now.seq == commit.seq
 
-    def _still_committed(self, name: str) -> bool:
-        return name in committed_checkpoints(self._store)
-
-    def _evaluate(self, name: str) -> Evaluation | _Vanished | _Damaged:
+    def _evaluate(self, commit: Commit) -> Evaluation | _Vanished | _Damaged:
         """Verify, restore into the user's objects, run ``eval_fn``."""
         import tensorflow as tf
 
         with self._busy:
             started = time.perf_counter()
+            name = commit.name
             store, path = self._store, self._store.path(name)
             problem = checkpoint_problem(store, path)
             if problem is not None:
@@ -347,7 +361,7 @@ class Evaluator:
                     return _Vanished(problem)
                 return _Damaged(problem)
             try:
-                step = global_step_of(path)
+                step = global_step_of(path, commit.step or 0)
                 restore(self._user, path)
             except Exception as exc:
                 if isinstance(exc, (tf.errors.NotFoundError, FileNotFoundError)) or _gone(
@@ -358,7 +372,9 @@ class Evaluator:
             metrics = _numbers(self._eval_fn())
             return Evaluation(name, step, metrics, time.perf_counter() - started)
 
-    def _record(self, evaluation: Evaluation, events: EventsFile, written: float | None) -> None:
+    def _record(
+        self, evaluation: Evaluation, events: EventsFile, written: float | None, commit: Commit
+    ) -> None:
         """Events first, then the results file: a kill between the two leaves the
         evaluation unrecorded, done again by the next run (whose ``SessionLog.START``
         makes TensorBoard drop the first point)."""
@@ -370,16 +386,18 @@ class Evaluator:
         events.write(values, evaluation.step)
         if events.writer is not None:
             events.writer.flush()
-        results = dict(self._results)
-        results[evaluation.checkpoint] = {
-            "step": evaluation.step,
-            "time": time.time(),
-            "metrics": finite_numbers(evaluation.metrics),
-            "written": written,
-        }
-        results = self._pruned(results)
-        write_evaluated(self._logdir, results)
-        self._results = results
+        self._write_results(
+            {
+                evaluation.checkpoint: {
+                    "step": evaluation.step,
+                    "time": time.time(),
+                    "metrics": finite_numbers(evaluation.metrics),
+                    "written": written,
+                    "seq": commit.seq,
+                    "skipped": None,
+                }
+            }
+        )
         log.info(
             "eval.evaluated",
             path=self._store.path(evaluation.checkpoint),
@@ -387,6 +405,35 @@ class Evaluator:
             seconds=round(evaluation.seconds, 3),
             metrics=evaluation.metrics,
         )
+
+    def _record_skipped(self, skipped: list[tuple[Commit, str]], logged: bool = True) -> None:
+        """Commits it will never evaluate, in its results with why (``eval.skipped``)."""
+        now = time.time()
+        self._write_results(
+            {
+                c.name: {
+                    "step": c.step,
+                    "time": now,
+                    "metrics": {},
+                    "written": None,
+                    "seq": c.seq,
+                    "skipped": why,
+                }
+                for c, why in skipped
+            }
+        )
+        if logged:
+            for why in dict.fromkeys(why for _, why in skipped):
+                log.info(
+                    "eval.skipped",
+                    paths=[self._store.path(c.name) for c, w in skipped if w == why],
+                    reason=why,
+                )
+
+    def _write_results(self, new: dict[str, dict[str, Any]]) -> None:
+        results = self._pruned({**self._results, **new})
+        write_evaluated(self._logdir, results)
+        self._results = results
 
     def _pruned(self, results: dict[str, dict[str, Any]]) -> dict[str, dict[str, Any]]:
         """Every result of a checkpoint on disk, and the newest ``KEEP_GONE_RESULTS`` of
@@ -407,72 +454,18 @@ class Evaluator:
                 "eval.lease_failed", path=self._store.path(name), action="let_go", error=repr(exc)
             )
 
-    def _skip(self, names: list[str]) -> None:
-        fresh = [n for n in names if n not in self._skipped]
-        if fresh:
-            self._skipped.update(fresh)
-            log.info(
-                "eval.skipped",
-                paths=[self._store.path(n) for n in fresh],
-                reason="latest_only: a newer checkpoint is committed",
-            )
-
     def _reached(self, until: int) -> bool:
-        return any(int(entry.get("step", -1)) >= until for entry in self._results.values())
+        steps = (entry.get("step") for entry in self._results.values())
+        return any(step is not None and step >= until for step in steps)
 
 
 # -- helpers, each one file system or TensorFlow call ------------------------------------
 
 
-def committed_checkpoints(store: Store) -> list[str]:
-    """The checkpoints the state file names whose index is on disk, in the state file's
-    order (the order they were committed: oldest first). Nothing when there is no
-    readable state file: files it does not name may be half written."""
-    try:
-        state = read_state(store)
-    except (OSError, ValueError, UnicodeDecodeError):
-        return []
-    if state is None:
-        return []
-    names: list[str] = []
-    for path in [*state.all_model_checkpoint_paths, state.model_checkpoint_path]:
-        name = store.name_of(path) if path else None
-        if name is not None and name not in names:
-            names.append(name)
-    return [n for n in names if store.kind(n + ".index") == "file"]
-
-
-def read_results(logdir: str) -> dict[str, dict[str, Any]]:
-    """The evaluator's results file, whole (``read_evaluated`` gives only the metrics);
-    damaged entries, or a damaged file, read as nothing."""
-    import json
-
-    store = evaluated_store(logdir)
-    try:
-        if store.kind(EVALUATED) != "file":
-            return {}
-        data = json.loads(store.read(EVALUATED, RESULTS_READ_LIMIT))
-    except (OSError, ValueError):
-        return {}
-    results: dict[str, dict[str, Any]] = {}
-    for name, raw in (data if isinstance(data, dict) else {}).items():
-        try:
-            written = raw.get("written")
-            results[str(name)] = {
-                "step": int(raw["step"]),
-                "time": float(raw["time"]),
-                "metrics": finite_numbers(dict(raw.get("metrics", {}))),
-                "written": float(written) if written is not None else None,
-            }
-        except (AttributeError, KeyError, TypeError, ValueError):
-            continue
-    return results
-
-
-def global_step_of(path: str) -> int:
+def global_step_of(path: str, otherwise: int = 0) -> int:
     """The global step saved in the checkpoint at ``path`` (the supervisor's top-level
     ``global_step``, whatever variable it is); another tool's checkpoint without one:
-    the number its name ends with (``ckpt-12``), else 0."""
+    ``otherwise`` (the step its commit recorded)."""
     from tensorflow.core.protobuf import trackable_object_graph_pb2
 
     reader = reader_of(path)
@@ -484,8 +477,7 @@ def global_step_of(path: str) -> int:
             for attribute in graph.nodes[child.node_id].attributes:
                 if attribute.name == "VARIABLE_VALUE":
                     return int(reader.get_tensor(attribute.checkpoint_key))
-    found = re.search(r"-(\d+)$", path)
-    return int(found[1]) if found else 0
+    return otherwise
 
 
 def restore(user: tf.train.Checkpoint, path: str) -> None:

@@ -10,30 +10,59 @@ as damage instead of hanging or crashing the command.
 from __future__ import annotations
 
 import os
-import re
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
 from . import heartbeat as _heartbeat
 from . import ledger as _ledger
-from .files import RUNS, STATE, checkpoint_bytes, checkpoint_problem, files_problem
-from .records import read_evaluated, read_records
+from .files import RUNS, checkpoint_bytes, checkpoint_problem, files_problem
+from .history import History, NameFormat, read_history
+from .records import read_evaluated
 from .store import Store, is_object_store, no_file_system
-
-_INDEX = re.compile(r"^(?P<base>.+)-(?P<step>\d+)(?:_\d+)?\.index$")
 
 
 @dataclass
 class CheckpointInfo:
     path: str
-    step: int
+    step: int | None  # None: another tool's checkpoint, whose name does not say
     saved: str
     bytes: int
     readable: bool
     problem: str | None = None
     metrics: dict[str, float] = field(default_factory=dict)  # what its commit recorded
-    healthy: bool | None = None  # its loss was finite (None: no record)
+    healthy: bool | None = None  # its loss and saved state were finite (None: not known)
+    seq: int | None = None  # its commit in the history (None: no commit names it)
+
+
+@dataclass
+class CommitInfo:
+    """One commit of the history, as ``inspect`` shows it."""
+
+    seq: int
+    parent: int | None
+    name: str
+    step: int | None
+    branch: int
+    kept: str  # listed, preserved, gone
+    healthy: bool | None
+    abandoned_by: int | None  # the rollback that left it behind
+    head: bool
+    run: str | None
+    attempt: int | None
+    session: str | None
+
+
+@dataclass
+class RollbackInfo:
+    number: int
+    kind: str  # divergence, fallback
+    at_step: int | None
+    left: str | None  # the head it left behind (its name)
+    to: str  # the commit restored (its name)
+    abandoned: list[str]  # the commits it left behind
+    reason: str
+    batches_dropped: int
 
 
 @dataclass
@@ -64,6 +93,9 @@ class LogdirReport:
     sessions: list[_ledger.SessionRecord] = field(default_factory=list)  # the run ledger
     heartbeat: dict[str, Any] | None = None  # the chief's last beat
     heartbeat_problem: str | None = None
+    commits: list[CommitInfo] = field(default_factory=list)  # the history, oldest first
+    rollbacks: list[RollbackInfo] = field(default_factory=list)
+    history_derived: bool = False  # no history file: derived from an older logdir's files
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -73,50 +105,78 @@ def _iso(timestamp: float) -> str:
     return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="seconds")
 
 
-def _latest_from_state_file(store: Store) -> str | None:
-    """The `checkpoint` state file's model_checkpoint_path, read without TensorFlow."""
-    try:
-        text = store.read(STATE).decode("utf-8", errors="replace")
-    except OSError:
-        return None
-    for line in text.splitlines():
-        if line.startswith("model_checkpoint_path:"):
-            path = line.split(":", 1)[1].strip().strip('"')
-            return path if os.path.isabs(path) or "://" in path else store.path(path)
-    return None
-
-
-def find_checkpoints(store: Store, names: list[str], verify: bool) -> list[CheckpointInfo]:
+def find_checkpoints(
+    store: Store, names: list[str], verify: bool, history: History
+) -> list[CheckpointInfo]:
+    """Every checkpoint on disk (an ``.index``), with what its commit says, in commit
+    order (those no commit names after, by name)."""
     found = []
-    records = read_records(store)
     evaluated = read_evaluated(store.root)
-    for name in names:
-        match = _INDEX.match(name)
-        if match is None:
-            continue
-        prefix = store.path(name[: -len(".index")])
+    own = NameFormat(history.basename)
+    for name in (n[: -len(".index")] for n in names if n.endswith(".index")):
+        prefix = store.path(name)
         problem = checkpoint_problem(store, prefix) if verify else files_problem(store, prefix)
         try:
-            saved = _iso(store.mtime(name))
+            saved = _iso(store.mtime(name + ".index"))
         except OSError:
             saved = "unknown"
-        record = records.get(name[: -len(".index")])
+        commit = history.by_name(name)
+        order = own.order(name)
         found.append(
             CheckpointInfo(
                 path=prefix,
-                step=int(match["step"]),
+                step=commit.step if commit else (order[0] if order else None),
                 saved=saved,
                 bytes=checkpoint_bytes(store, prefix),
                 readable=problem is None,
                 problem=problem,
-                metrics={
-                    **(record.metrics if record else {}),
-                    **evaluated.get(name[: -len(".index")], {}),
-                },
-                healthy=None if record is None else record.healthy,
+                metrics={**(commit.metrics if commit else {}), **evaluated.get(name, {})},
+                healthy=None if commit is None else commit.healthy,
+                seq=None if commit is None else commit.seq,
             )
         )
-    return sorted(found, key=lambda c: c.step)
+    last = 1 + max((c.seq or 0 for c in found), default=0)
+    return sorted(found, key=lambda c: (c.seq or last, os.path.basename(c.path)))
+
+
+def history_of(history: History) -> tuple[list[CommitInfo], list[RollbackInfo]]:
+    """The history's commits and rollbacks, as ``inspect`` shows them."""
+    commits = [
+        CommitInfo(
+            seq=c.seq,
+            parent=c.parent,
+            name=c.name,
+            step=c.step,
+            branch=c.branch,
+            kept=c.kept,
+            healthy=c.healthy,
+            abandoned_by=c.abandoned_by,
+            head=c.seq == history.head,
+            run=c.run,
+            attempt=c.attempt,
+            session=c.session,
+        )
+        for c in history.commits
+    ]
+
+    def name(seq: int | None) -> str | None:
+        commit = history.commit(seq)
+        return None if commit is None else commit.name
+
+    rollbacks = [
+        RollbackInfo(
+            number=r.number,
+            kind=r.kind,
+            at_step=r.at_step,
+            left=name(r.left),
+            to=name(r.to) or f"#{r.to}",
+            abandoned=[c.name for c in history.commits if c.abandoned_by == r.number],
+            reason=r.reason,
+            batches_dropped=r.batches_dropped,
+        )
+        for r in history.rollbacks
+    ]
+    return commits, rollbacks
 
 
 def _record(
@@ -183,10 +243,13 @@ def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
         raise NotADirectoryError(f"logdir {logdir!r} is not a directory")
     store = Store(logdir)
     names = sorted(store.names())
-    latest = _latest_from_state_file(store)
-    match = _INDEX.match(os.path.basename(latest) + ".index") if latest else None
-    report = LogdirReport(logdir, latest, int(match["step"]) if match else None)
-    report.checkpoints = find_checkpoints(store, names, verify)
+    history = read_history(store)
+    head = history.head_commit()
+    latest = None if head is None else store.path(head.name)
+    report = LogdirReport(logdir, latest, history.head_step())
+    report.checkpoints = find_checkpoints(store, names, verify, history)
+    report.commits, report.rollbacks = history_of(history)
+    report.history_derived = history.derived
     report.sessions = _ledger.sessions(_ledger.read(store))
     try:
         beat = _heartbeat.read(store.path(_heartbeat.NAME))

@@ -1,55 +1,90 @@
-"""Which of the supervisor's checkpoints a logdir keeps, and the state file that names them.
+"""Which of the supervisor's checkpoints a logdir keeps: small rules over one history.
 
-The rules are ``tf.train.CheckpointManager``'s, owned here instead of borrowed from its
-private members:
+Each rule looks at the same facts (``Facts``: the history, the leases, the evaluator's
+results and registrations) and names the commits it keeps; what a sweep keeps is their
+union (Orbax's preservation policies are the model). The rules:
 
-- the state file (``checkpoint``, TF's format: ``tf.train.latest_checkpoint`` reads it)
-  lists the kept checkpoints oldest first, each with the time it was committed, and the
-  latest; it is replaced whole (written aside, fsynced, renamed);
-- beyond ``max_to_keep`` the oldest listed one goes, unless ``keep_checkpoint_every_n_hours``
-  has passed since the last one kept that way: then it stays on disk, no longer listed
-  (``last_preserved_timestamp`` in the state file carries this across sessions);
-- the state file is written before anything is deleted, so a kill in between leaves
-  extra files, never a state file that names deleted ones.
+- ``LatestN(max_to_keep)``: the newest ``max_to_keep`` commits on the head's line, as
+  ``tf.train.CheckpointManager`` keeps them (commit order, not step order);
+- ``KeepBest``: the best ``count`` healthy commits by a metric (what the commit recorded,
+  or what the sidecar evaluator measured);
+- ``NewestHealthy``: the last good state (the pinned newest healthy commit);
+- ``RollbackWindow(lookback)``: every commit a divergence from the next step on could
+  roll back to (``Rollback(lookback=...)``'s target, and the ones after it);
+- ``Leased``: what a reader holds a lease on;
+- ``EvaluatorBacklog``: while an evaluator is registered, the newest ``backlog`` commits
+  it has not evaluated yet.
 
-And rules TF's manager has not, kept in union with those: the best ``count`` by a metric
-(``KeepBest``: the metrics each commit recorded, or the sidecar evaluator's), the newest
-healthy checkpoint (the one a rollback goes back to), and any checkpoint a reader holds a
-lease on (``_leases``). A checkpoint these keep stays listed beside the newest
-``max_to_keep``. Each commit's metrics and health are recorded beside the state file
-(``_records``), for the next session and ``asupervisor inspect``.
-
-Only the supervisor's own checkpoints (``<basename>-<step>[_<n>]``) directly inside the
-logdir are ever listed or deleted.
+A listed commit no rule keeps leaves the list after each commit. TF's rule then decides
+what happens to it: if ``keep_checkpoint_every_n_hours`` has passed since the last one
+kept that way (``last_preserved``, carried across sessions), it stays on disk, no longer
+listed (``preserved``); otherwise it is deleted. The history and the state file are
+written before anything is deleted, so a kill in between leaves files the history calls
+gone (deleted at the next sweep), never a state file that names deleted ones. Commits
+rollbacks abandoned are kept by no rule but the leases', the evaluator's and
+``KeepBest``'s: they go at the next commit, the first of the new branch. Only the
+supervisor's own checkpoints (``<basename>-<step>[_<n>]``) directly inside the logdir are
+ever deleted; ``max_to_keep=None`` keeps every one.
 """
 
 from __future__ import annotations
 
 import numbers
-import time
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from .._log import log
-from .files import STATE, is_own, own_order, read_state
-from .leases import leased
-from .records import Record, read_evaluated, read_records, write_records
+from .catalog import Catalog
+from .history import Commit, History
+from .leases import Registration, leased, registrations
+from .records import read_results
 from .store import Store
-
-_UNKNOWN = Record(step=-1, time=0.0)  # a checkpoint no commit recorded: healthy, no metrics
 
 
 @dataclass(frozen=True)
-class Kept:
-    name: str  # the checkpoint's prefix, a name inside the logdir
-    timestamp: float  # time.time() when it was committed
+class Facts:
+    """What every rule sees at one sweep."""
+
+    history: History
+    leased: frozenset[str]
+    results: Mapping[str, Mapping[str, Any]]  # the evaluator's, by checkpoint name
+    evaluators: tuple[Registration, ...]
+
+    def metrics(self, commit: Commit) -> dict[str, float]:
+        """A commit's metrics: what it recorded, then what the evaluator measured on it."""
+        result = self.results.get(commit.name)
+        measured = result.get("metrics", {}) if result and _same(result, commit) else {}
+        return {**commit.metrics, **measured}
+
+
+def _same(result: Mapping[str, Any], commit: Commit) -> bool:
+    """Whether the evaluator's result under a commit's name is of that commit."""
+    seq = result.get("seq")
+    return seq is None or seq == commit.seq
+
+
+class Rule(Protocol):
+    def keeps(self, facts: Facts) -> set[int]:
+        """The ``seq`` of each commit this rule keeps."""
+        ...
+
+
+@dataclass(frozen=True)
+class LatestN:
+    count: int
+
+    def keeps(self, facts: Facts) -> set[int]:
+        own = [c for c in facts.history.line() if c.kept == "listed" and not c.foreign]
+        return {c.seq for c in own[: self.count]}
 
 
 class KeepBest:
     """Keep the ``count`` best checkpoints by ``metric`` (``mode``: ``"min"`` or ``"max"``),
     beside the newest ``max_to_keep``. The metric is what the commit recorded (a step's
     result, ``fit``'s epoch logs, ``save_checkpoint(metrics=...)``) or what the sidecar
-    evaluator measured on the checkpoint later."""
+    evaluator measured on the checkpoint later. A commit known to be unhealthy is never
+    the best."""
 
     def __init__(self, metric: str, mode: str = "min", count: int = 1) -> None:
         if not isinstance(metric, str) or not metric:
@@ -65,189 +100,167 @@ class KeepBest:
     def __repr__(self) -> str:
         return f"KeepBest({self.metric!r}, mode={self.mode!r}, count={self.count})"
 
-    def best(self, metrics: dict[str, dict[str, float]]) -> list[str]:
-        """The names of the best ``count``, best first, among those with the metric."""
-        scored = [(m[self.metric], name) for name, m in metrics.items() if self.metric in m]
+    def keeps(self, facts: Facts) -> set[int]:
+        scored = []
+        for commit in facts.history.committed():
+            value = facts.metrics(commit).get(self.metric)
+            if value is not None and commit.healthy is not False:
+                scored.append((value, commit.seq))
         scored.sort(reverse=self.mode == "max")
-        return [name for _, name in scored[: self.count]]
+        return {seq for _, seq in scored[: self.count]}
+
+
+@dataclass(frozen=True)
+class NewestHealthy:
+    def keeps(self, facts: Facts) -> set[int]:
+        commit = facts.history.newest_healthy()
+        return set() if commit is None else {commit.seq}
+
+
+@dataclass(frozen=True)
+class RollbackWindow:
+    """``Rollback(lookback=N)``: a divergence at the next step goes back to the newest
+    healthy commit at least N steps before it, and one later to a later commit: all of
+    those, from that target to the head, are kept."""
+
+    lookback: int
+
+    def keeps(self, facts: Facts) -> set[int]:
+        history = facts.history
+        step = history.head_step()
+        if step is None:
+            return set()
+        target = history.rollback_target(step + 1, self.lookback)
+        if target is None:
+            return set()
+        return {
+            c.seq
+            for c in history.line()
+            if c.seq >= target.seq and c.healthy is not False and c.step is not None
+        }
+
+
+@dataclass(frozen=True)
+class Leased:
+    def keeps(self, facts: Facts) -> set[int]:
+        return {c.seq for c in facts.history.committed() if c.name in facts.leased}
+
+
+@dataclass(frozen=True)
+class EvaluatorBacklog:
+    """The sidecar evaluator sees every commit once: while it is registered, the newest
+    ``backlog`` commits it has not evaluated (nor recorded as skipped) stay."""
+
+    def keeps(self, facts: Facts) -> set[int]:
+        keep: set[int] = set()
+        for reg in facts.evaluators:
+            unseen = [
+                c
+                for c in facts.history.committed()
+                if c.seq >= reg.since and not _seen(facts.results.get(c.name), c)
+            ]
+            keep.update(c.seq for c in unseen[max(0, len(unseen) - reg.backlog) :])
+        return keep
+
+
+def _seen(result: Mapping[str, Any] | None, commit: Commit) -> bool:
+    return result is not None and _same(result, commit)
 
 
 class Retention:
-    """The committed checkpoints of one logdir, and the rules that keep them."""
+    """The rules one session sweeps its logdir by (built once from its settings)."""
 
     def __init__(
         self,
         store: Store,
-        basename: str,
         max_to_keep: int | None,
         keep_every_n_hours: float | None,
         keep_best: KeepBest | None = None,
+        lookback: int | None = None,
     ) -> None:
-        self.store, self.basename = store, basename
+        self.store = store
         self.max_to_keep, self.keep_every_n_hours = max_to_keep, keep_every_n_hours
-        self.keep_best = keep_best
-        self._kept: list[Kept] = []  # listed in the state file, oldest first
-        self.latest: str | None = None  # the name the state file gives as the latest
-        self._last_preserved = time.time() - 1  # as a CheckpointManager over a new directory
-        self.records: dict[str, Record] = {}  # what each commit recorded, by name
+        rules: list[Rule] = [NewestHealthy(), Leased(), EvaluatorBacklog()]
+        if max_to_keep is not None:
+            rules.append(LatestN(max_to_keep))
+        if keep_best is not None:
+            rules.append(keep_best)
+        if lookback is not None:
+            rules.append(RollbackWindow(lookback))
+        self.rules = tuple(rules)
 
-    # -- reading ---------------------------------------------------------------------
+    def facts(self, history: History) -> Facts:
+        evaluators = tuple(registrations(self.store))
+        need_results = evaluators or any(isinstance(r, KeepBest) for r in self.rules)
+        return Facts(
+            history=history,
+            leased=frozenset(leased(self.store)),
+            results=read_results(self.store.root) if need_results else {},
+            evaluators=evaluators,
+        )
 
-    def load(self, state: Any = None) -> None:
-        """Take the state file as it is on disk (``state``: already read). Foreign
-        checkpoints it names are left out: they are never swept."""
-        state = read_state(self.store) if state is None else state
-        self._kept, self.latest = [], None
-        self.records = read_records(self.store)
-        now = time.time()
-        if state is None:
-            self._last_preserved = now - 1
-            return
-        # As CheckpointManager: a clock that went backwards does not preserve forever.
-        self._last_preserved = min(state.last_preserved_timestamp, now)
-        stamps = list(state.all_model_checkpoint_timestamps)
-        for i, path in enumerate(state.all_model_checkpoint_paths):
-            name = self.store.name_of(path)
-            if name is None or not is_own(name, self.basename):
-                continue
-            stamp = min(stamps[i], now) if i < len(stamps) else now
-            self._kept.append(Kept(name, stamp))
-        latest = self.store.name_of(state.model_checkpoint_path)
-        self.latest = latest if latest is not None and is_own(latest, self.basename) else None
-
-    @property
-    def last_preserved(self) -> float:
-        """The time of the newest checkpoint kept every N hours (``time.time()``): an
-        unlisted checkpoint no newer than this may be one, and is never swept."""
-        return self._last_preserved
-
-    def names(self) -> list[str]:
-        """The kept checkpoints' names, oldest first."""
-        return [k.name for k in self._kept]
-
-    def next_name(self, step: int) -> str:
-        """The name of a new checkpoint at ``step``: ``<basename>-<step>``, or the next
-        ``_<n>`` after it when a checkpoint of that step is already on disk."""
-        name = f"{self.basename}-{step}"
-        taken = [
-            own_order(n[: -len(".index")], self.basename)
-            for n in self.store.names()
-            if n.endswith(".index")
-        ]
-        revisions = [order[1] for order in taken if order is not None and order[0] == step]
-        return name if not revisions else f"{name}_{max(revisions) + 1}"
-
-    # -- writing ---------------------------------------------------------------------
-
-    def commit(self, name: str, record: Record | None = None) -> list[str]:
-        """``name`` (whose files are on disk, synced) becomes the latest: the state file
-        names it, then what the rules let go is deleted, then the records are written.
-        Returns the names deleted."""
-        self._kept = [k for k in self._kept if k.name != name]
-        self._kept.append(Kept(name, time.time()))
-        self.latest = name
-        if record is not None:
-            self.records[name] = record
-        self._write_state()
-        gone = self._sweep()
-        if gone:
-            self._write_state()
-            gone = self._relist_leased(gone)
-            for dropped in gone:
-                self.records.pop(dropped.name, None)
-                self._delete(dropped.name)
-        self._write_records()
-        return [k.name for k in gone]
-
-    def _relist_leased(self, gone: list[Kept]) -> list[Kept]:
-        """Leases read again *after* the state file stopped listing ``gone``: a reader
-        writes its lease, then checks that its checkpoint is still listed, so one that
-        saw it listed has a lease this read sees. Those go back on the list (a later
-        sweep deletes them once the lease is gone); the rest are returned, to delete."""
-        held = leased(self.store)
-        back = [k for k in gone if k.name in held]
-        if not back:
-            return gone
-        self._kept.extend(back)
-        self._kept.sort(key=lambda k: own_order(k.name, self.basename) or (0, 0))
-        self._write_state()
-        return [k for k in gone if k.name not in held]
-
-    def metrics(self) -> dict[str, dict[str, float]]:
-        """Each listed checkpoint's metrics: the commit's, then the evaluator's over them."""
-        evaluated = read_evaluated(self.store.root)
-        return {
-            k.name: {**self.records.get(k.name, _UNKNOWN).metrics, **evaluated.get(k.name, {})}
-            for k in self._kept
-        }
-
-    def newest_healthy(self) -> str | None:
-        """The newest listed checkpoint whose commit recorded a finite loss (or no loss)."""
-        for kept in reversed(self._kept):
-            if self.records.get(kept.name, _UNKNOWN).healthy:
-                return kept.name
-        return None
-
-    def protected(self) -> set[str]:
-        """What no sweep deletes: the best by the metric, the newest healthy checkpoint,
-        and what readers hold leases on."""
-        keep = leased(self.store)
-        healthy = self.newest_healthy()
-        if healthy is not None:
-            keep.add(healthy)
-        if self.keep_best is not None:
-            keep.update(self.keep_best.best(self.metrics()))
+    def keeps(self, facts: Facts) -> set[int]:
+        keep: set[int] = set()
+        for rule in self.rules:
+            keep |= rule.keeps(facts)
         return keep
 
-    def adopt(self, names: list[str]) -> None:
-        """The chief restored ``names[-1]`` (checkpoints on disk, oldest first, that the
-        state file does not list: a kill came between their files and the state file):
-        they are listed, with their files' times, so that retention counts them."""
-        listed = set(self.names())
-        for name in names:
-            if name not in listed:
-                self._kept.append(Kept(name, self.store.mtime(name + ".index")))
-        self._kept.sort(key=lambda k: own_order(k.name, self.basename) or (0, 0))
-        self.latest = names[-1]
-        self._write_state()
+    def sweep(self, catalog: Catalog) -> list[str]:
+        """After a commit: what no rule keeps leaves the list (kept every N hours, or
+        deleted once the history and the state file say so). Returns the names deleted."""
+        history = catalog.history
+        if self.max_to_keep is not None:
+            keep = self.keeps(self.facts(history))
+            preserved, gone, last = self._let_go(history, keep)
+            if preserved or gone:
+                catalog.let_go(preserved, gone, last)
+            if gone:
+                self._relist_leased(catalog, gone)
+        return self._delete_gone(catalog.history)
 
-    def _sweep(self) -> list[Kept]:
-        """CheckpointManager's rule: beyond ``max_to_keep``, the oldest goes (off the
-        list; returned), unless one is due to be preserved (every
-        ``keep_checkpoint_every_n_hours``); in union with what ``protected`` keeps
-        (listed)."""
-        gone: list[Kept] = []
-        if self.max_to_keep is None:
-            return gone
-        protected = self.protected()
-        beyond = self._kept[: max(0, len(self._kept) - self.max_to_keep)]  # oldest first
-        for oldest in beyond:
-            if oldest.name in protected:
-                continue  # kept, and listed
-            self._kept.remove(oldest)
-            every = self.keep_every_n_hours
-            if every is not None and oldest.timestamp - every * 3600 >= self._last_preserved:
-                self._last_preserved = oldest.timestamp  # kept on disk, no longer listed
+    def _let_go(self, history: History, keep: set[int]) -> tuple[list[int], list[int], float]:
+        """TF's rule for each listed commit no rule keeps, oldest first: kept on disk,
+        unlisted, if ``keep_checkpoint_every_n_hours`` has passed since the last one kept
+        that way (an abandoned one never is); else gone."""
+        every, last = self.keep_every_n_hours, history.last_preserved
+        preserved, gone = [], []
+        for commit in history.listed():
+            if commit.foreign or commit.seq in keep:
                 continue
-            gone.append(oldest)
-        return gone
+            if (
+                every is not None
+                and commit.abandoned_by is None
+                and commit.time - every * 3600 >= last
+            ):
+                preserved.append(commit.seq)
+                last = commit.time
+            else:
+                gone.append(commit.seq)
+        return preserved, gone, last
 
-    def _write_records(self) -> None:
-        listed = {k.name for k in self._kept}
-        write_records(self.store, {n: r for n, r in self.records.items() if n in listed})
+    def _relist_leased(self, catalog: Catalog, gone: list[int]) -> None:
+        """Leases read again *after* the state file stopped listing ``gone``: a reader
+        writes its lease, then checks that its checkpoint is still committed, so one that
+        saw it committed has a lease this read sees. Those go back on the list (a later
+        sweep lets them go once the lease is gone)."""
+        held = leased(self.store)
+        back = [seq for seq in gone if (c := catalog.history.commit(seq)) and c.name in held]
+        if back:
+            catalog.relist(back)
 
-    def _write_state(self) -> None:
-        from google.protobuf import text_format
-        from tensorflow.python.checkpoint import checkpoint_management
-
-        state = checkpoint_management.CheckpointState(
-            model_checkpoint_path=self.latest or "",
-            all_model_checkpoint_paths=self.names(),
-            all_model_checkpoint_timestamps=[k.timestamp for k in self._kept],
-            last_preserved_timestamp=self._last_preserved,
-        )
-        self.store.write(STATE, text_format.MessageToString(state).encode())
-        self.store.sync([])  # the rename into place is durable
+    def _delete_gone(self, history: History) -> list[str]:
+        """The files of every commit the history calls gone that are still on disk (this
+        sweep's, and those a kill in the middle of an earlier one left)."""
+        on_disk = set(self.store.names())
+        standing = {c.name for c in history.committed()}
+        deleted = []
+        for commit in history.commits:
+            if commit.kept != "gone" or commit.foreign or commit.name in standing:
+                continue
+            if commit.name + ".index" in on_disk:
+                self._delete(commit.name)
+                deleted.append(commit.name)
+        return deleted
 
     def _delete(self, name: str) -> None:
         # The index first: a kill in between leaves a data file no index names (removed
@@ -255,5 +268,5 @@ class Retention:
         for file in sorted(self.store.files_of(name), key=lambda n: not n.endswith(".index")):
             try:
                 self.store.remove(file)
-            except OSError as exc:  # left behind, not fatal: the state no longer names it
+            except OSError as exc:  # left behind, not fatal: the history calls it gone
                 log.warning("checkpoint.not_deleted", path=self.store.path(file), error=repr(exc))

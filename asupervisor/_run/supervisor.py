@@ -48,7 +48,6 @@ import anyio.abc
 
 from .._logdir import channel as _channel
 from .._logdir import heartbeat as _heartbeat
-from .._logdir.store import Store
 from .._outcome import Outcome
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
@@ -115,13 +114,11 @@ class CannotStart(Exception):
 
 
 def newest_step(logdir: str) -> int | None:
-    """The step of the newest checkpoint the logdir's state file names (without
-    TensorFlow for a local logdir); ``None`` when there is none."""
-    from .._logdir.report import _INDEX, _latest_from_state_file
+    """The step of the history's head in ``logdir`` (without TensorFlow for a local
+    logdir); ``None`` when nothing is committed."""
+    from .._logdir.history import head_step
 
-    latest = _latest_from_state_file(Store(logdir))
-    found = _INDEX.match(os.path.basename(latest) + ".index") if latest else None
-    return int(found["step"]) if found else None
+    return head_step(logdir)
 
 
 def local_tf_configs(count: int) -> list[str]:

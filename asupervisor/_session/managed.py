@@ -164,7 +164,7 @@ class ManagedSession:
         ``metrics`` are recorded with it (``asv.KeepBest`` keeps the best by one).
         """
         rt = self._rt
-        job = Job(rt.explicit_save, (dict(metrics or {}),), kind=JobKind.SAVE)
+        job = Job(rt.checkpoints.explicit_save, (dict(metrics or {}),), kind=JobKind.SAVE)
         path: str | None = await rt.thread.run_job(job)
         checkpointer = rt.checkpointer
         if path is not None and checkpointer is not None and checkpointer.async_write:

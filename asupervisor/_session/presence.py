@@ -35,7 +35,7 @@ from .._logdir import channel as _channel
 from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
-from .._logdir.records import read_records
+from .._logdir.history import read_history
 from .._logdir.store import Store
 from .._outcome import Outcome
 from .services import spawn
@@ -114,7 +114,7 @@ class Presence:
                 "restored_step": report.step,
                 "source": report.source.value,
                 "restored_from": report.path,
-                "restored_commit_at": None,  # read from the records, off the loop
+                "restored_commit_at": None,  # read from the history, off the loop
             }
         )
         self._wake.set()
@@ -272,10 +272,10 @@ class Presence:
 def _commit_time(store: Store, path: str) -> float | None:
     """When the checkpoint at ``path`` was committed, as its commit recorded it."""
     try:
-        record = read_records(store).get(os.path.basename(path))
+        commit = read_history(store).by_name(os.path.basename(path))
     except Exception:  # only a figure for inspect: never a reason to fail a session
         return None
-    return None if record is None else record.time
+    return None if commit is None else commit.time
 
 
 def _write_beat(store: Store, beat: bytes) -> None:

@@ -12,11 +12,9 @@ The stop path is the state machine in ``_stopping`` (drawn in
 from __future__ import annotations
 
 import contextlib
-import math
-import os
 import sys
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
@@ -25,8 +23,6 @@ import anyio
 from .._checkpointing.checkpointer import Checkpointer, RestoreReport
 from .._checkpointing.root import SavedRoot
 from .._errors import (
-    CheckpointMismatchError,
-    DivergedError,
     SessionClosed,
     SessionStopped,
     StepTimeout,
@@ -34,18 +30,16 @@ from .._errors import (
 from .._kinds import JobKind, Phase, RestoreSource
 from .._log import log
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
-from .._logdir.records import Record, finite_numbers
-from .._logdir.verify import unrestored
 from .._outcome import Outcome, StopReason, is_permanent, reason_of
-from .._training.divergence import LossWatch, loss_of
 from .._training.kept_state import KeptState, key_of
 from .._training.position import Position
 from .._training.session_summaries import SessionSummaries
 from .._training.steps import GlobalStep, Stepper
-from .._training.summaries import EventsFile, scalars
+from .._training.summaries import EventsFile
 from .._training.thread import Job, TrainingThread, loop_caller
 from . import shutdown as _shutdown
 from . import startup as _startup
+from .checkpoints import SessionCheckpoints
 from .loopwatch import LoopWatch
 from .presence import Presence
 from .services import Registration, ServiceGroup
@@ -91,7 +85,6 @@ class SessionRuntime:
         self.cancelled: BaseException | None = None  # cancellation from outside the session
         self.stuck: str | None = None  # the work still running after the grace period
         self.ready = False  # restored (or initialized): the state is the run's own
-        self.deferred: tuple[str, str] | None = None  # (checkpoint, a value not taken yet)
         self.scopes: list[anyio.CancelScope] = []  # what a hard stop cancels
         self.session: ManagedSession = ManagedSession(self)
         self.services = ServiceGroup(self.session, self.fail)
@@ -115,18 +108,29 @@ class SessionRuntime:
         self.restore_report = RestoreReport(RestoreSource.FRESH, None, 0)
         self.drain_started: float | None = None
         self.loopwatch = LoopWatch(self.caller)
-        policy = sv.on_divergence
-        self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
-        self.rollback_history: list[str] = []
         self.presence = Presence(self)  # the heartbeat and the ledger
+        self.checkpoints = SessionCheckpoints(
+            sv,
+            self.thread,
+            self.step,
+            self.stepper,
+            self.position,
+            self.kept,
+            self.events,
+            self.session,
+            self.flag,
+            self.request_stop,
+        )
 
     # -- what start-up and shutdown hand over ------------------------------------------
 
     def adopt(self, opened: _startup.Opened) -> None:
         self.lock, self.guard, self.checkpointer = opened.lock, opened.guard, opened.checkpointer
+        self.checkpoints.opened(opened.checkpointer)
 
     def join(self, agreement: Agreement) -> None:
         self.agreement = agreement
+        self.checkpoints.joined(agreement)
         agreement.start()
 
     def enter(self, phase: Phase) -> None:
@@ -134,8 +138,9 @@ class SessionRuntime:
 
     def began(self, report: RestoreReport, deferred: tuple[str, str] | None) -> None:
         """Training thread: restored (or initialized); the state is the run's own now."""
-        self.restore_report, self.deferred = report, deferred
+        self.restore_report = report
         self.kept.reload()
+        self.checkpoints.began(deferred)
         hooks = self.sv.hooks
         self.kept.give_back("hooks", hooks, [key_of(i, h) for i, h in enumerate(hooks)])
         self.stepper.begin(self.step.value)
@@ -144,7 +149,7 @@ class SessionRuntime:
         for hook in self.sv.hooks:
             hook.after_create_session(self.session)
         if report.source is not RestoreSource.CHECKPOINT and self.sv.checkpointing:
-            self.save()  # so that init_fn's work is never lost
+            self.checkpoints.save()  # so that init_fn's work is never lost
 
     # -- the one way to stop --------------------------------------------------------
 
@@ -228,180 +233,13 @@ class SessionRuntime:
     def recoverable(self, exc: BaseException) -> bool:
         return isinstance(exc, self.sv.recoverable_errors)
 
-    def recover(self, exc: BaseException) -> None:
-        """Training thread, after a recoverable error: restore the newest good checkpoint,
-        so that the failed step's partial writes are gone (and the data goes back with
-        it, inside ``train(epochs=)`` and ``fit``), and let the step run again."""
-        checkpointer, stepper = self.checkpointer, self.stepper
-        if self.agreement is not None:
-            # A collective failed: a worker is gone. Retrying alone cannot help; the
-            # job stops, and its restart resumes from the last checkpoint.
-            log.error("cluster.step_failed", error=f"{type(exc).__name__}: {_cause_line(exc)}")
-            raise exc
-        if checkpointer is None or stepper.recoveries >= self.sv.max_recoveries:
-            raise exc
-        checkpointer.wait_for_write()
-        path, _ = checkpointer.restore_newest()
-        if path is None:
-            raise exc
-        checkpointer.restored(path)
-        self.step.reload()
-        self.position.reload()
-        self.kept.reload()
-        stepper.recovered()
-        self.events.mark_start(self.step.value + 1)
-        log.warning(
-            "step.recovered",
-            error=f"{type(exc).__name__}: {exc}",
-            restored_step=self.step.value,
-            path=path,
-            attempt=stepper.recoveries,
-            max_recoveries=self.sv.max_recoveries,
-        )
-
-    def save(self, *, final: bool = False, metrics: Mapping[str, Any] | None = None) -> str | None:
-        """Training thread: save at the current step; hooks' after_save may ask to stop.
-        Returns the path written (``None``: nothing to save, or a background write).
-
-        With ``async_checkpoint`` the files are written in the background and the
-        hooks run at the first step boundary after they are on disk.
-        """
-        checkpointer = self.checkpointer
-        if checkpointer is None or not self.ready:
-            return None
-        self.thread.check_fence()
-        self.thread.mark_step(training=False)  # a save, also inside a step: no training
-        self.step.flush()
-        stepper, step = self.stepper, self.step.value
-        record = self._record(step, metrics)
-        if self.losses is not None and not record.healthy:
-            log.warning("checkpoint.skipped", step=step, reason="the loss is not finite")
-            return None  # with rollbacks on, state that diverged is never committed
-        self.position.sync()
-        self.kept.sync()
-        runs = stepper.steps_run
-        forced = stepper.unsaved > 0 and step == checkpointer.last_saved_step
-        path = checkpointer.save(step, force=forced, final=final, tag=runs, record=record)
-        if path is not None:
-            stepper.state_saved(runs)
-            self.call_after_save(step, path)
-        return path
-
-    def _record(self, step: int, metrics: Mapping[str, Any] | None) -> Record:
-        """What a commit records beside the checkpoint: the last step's numbers (and the
-        ones given), and whether its loss was finite."""
-        last = scalars(self.stepper.last_result)
-        loss = last.get("loss")
-        healthy = loss is None or math.isfinite(loss)
-        return Record(step, time.time(), finite_numbers({**last, **(metrics or {})}), healthy)
-
-    def check_divergence(self, result: Any) -> bool:
-        """Training thread, after a step: ``True`` when its loss diverged and the run was
-        rolled back (see ``_divergence``); raises ``DivergedError`` after too many."""
-        watch = self.losses
-        if watch is None:
-            return False
-        loss = loss_of(result)
-        reason = None if loss is None else watch.diverges(loss)
-        if reason is None:
-            return False
-        self._roll_back(reason, loss)
-        return True
-
-    def _roll_back(self, reason: str, loss: float | None) -> None:
-        policy, watch, checkpointer = self.sv.on_divergence, self.losses, self.checkpointer
-        assert policy is not None and watch is not None
-        diverged, where = self.step.value, (self.position.epoch, self.position.batch)
-        log.warning("step.diverged", step=diverged, loss=loss, reason=reason)
-        what = f"the loss diverged ({reason}: {loss}) at step {diverged}"
-        if watch.rollbacks >= policy.max_rollbacks:
-            raise DivergedError(
-                f"{what}, after {watch.rollbacks} rollbacks (max_rollbacks="
-                f"{policy.max_rollbacks}): stopped; {self.rollback_history or 'none'}"
-            )
-        path = None
-        if checkpointer is not None:
-            checkpointer.wait_for_write()
-            self.saves_done(hooks=False)
-            path = checkpointer.healthy_at_or_before(diverged - policy.lookback)
-        if checkpointer is None or path is None:
-            raise DivergedError(f"{what}, and no healthy checkpoint is there to roll back to")
-        checkpointer.restore(path)
-        checkpointer.restored(path)
-        self.step.reload()
-        self.position.reload()
-        self.kept.reload()
-        if self.position.counts():  # past the batch that diverged, and `skip` more
-            self.position.go_to(where[0], where[1] + policy.skip)
-        self.stepper.recovered()
-        watch.rolled_back()
-        restored = self.step.value
-        self.rollback_history.append(f"step {diverged} -> {os.path.basename(path)}")
-        self.events.mark_start(restored + 1)
-        self.events.write({"rollback/diverged_at_step": float(diverged)}, restored + 1)
-        log.warning(
-            "checkpoint.rolled_back",
-            path=path,
-            step=restored,
-            diverged_at=diverged,
-            data_position=[self.position.epoch, self.position.batch],
-            rollbacks=watch.rollbacks,
-        )
-
-    def explicit_save(self, metrics: Mapping[str, Any] | None = None) -> str | None:
-        """Training thread: ``sess.save_checkpoint()``: a checkpoint of this step boundary,
-        written now (or the one already holding it); its path. In a multi-worker job every
-        worker saves after the next step: ``None``."""
-        checkpointer = self.checkpointer
-        if checkpointer is None or not (self.sv.is_chief or self.sv.role is not None):
-            log.info("checkpoint.not_saved", reason="this process writes no checkpoints")
-            return None
-        if self.agreement is not None:
-            self.timed_save()
-            return None
-        path = self.save(metrics=metrics) or checkpointer.writing  # a background write: its path
-        if path is None and checkpointer.last_saved_step == self.step.value:
-            path = checkpointer.latest_committed()  # nothing changed since it was written
-        return path
-
-    def timed_save(self) -> None:
-        """Training thread: a save request. In a multi-worker job only the chief's timer
-        runs, and every worker saves after the next step."""
-        from .._cluster import DecisionKind
-
-        if self.agreement is None:
-            self.save()
-        elif not self.flag.stopped:
-            self.agreement.propose(DecisionKind.SAVE, "timer", self.step.value)
-
-    def call_after_save(self, step: int, path: str) -> None:
-        for hook in self.sv.hooks:
-            if hook.after_save(self.session, step, path):
-                self.request_stop(None, StopReason.REQUESTED)
-
-    def check_deferred(self) -> None:
-        """Training thread, after the first step: every restored value has been taken, or
-        the restore was not what it said (an unbuilt model made new variables)."""
-        if self.deferred is None or self.checkpointer is None:
-            return
-        (path, _), self.deferred = self.deferred, None
-        left = unrestored(self.checkpointer.take_restore_status())
-        if left is not None:
-            raise CheckpointMismatchError(
-                f"checkpoint {path} was not fully restored: after the first step no object "
-                f"has taken {left} (and perhaps more). An object that is not built when the "
-                "session starts is restored deferred, and a Keras 3 model built later makes "
-                "new variables instead. Build the model before the session starts (call it "
-                "on one batch, or model.build(input_shape)); an optimizer may stay unbuilt."
-            )
-
     def after_step(self) -> None:
         """Training thread, after each step: finished background saves, agreed decisions."""
         from .._cluster import DecisionKind
 
         checkpointer = self.checkpointer
-        if checkpointer is not None and checkpointer.completed:
-            self.saves_done(hooks=True)
+        if checkpointer is not None and checkpointer.writer.completed:
+            self.checkpoints.saves_done(hooks=True)
         agreement = self.agreement
         if agreement is not None and agreement.pending:
             for decision in agreement.due(self.step.value):
@@ -413,19 +251,9 @@ class SessionRuntime:
                     proposed_by=decision.proposer,
                 )
                 if decision.kind is DecisionKind.SAVE:
-                    self.save()
+                    self.checkpoints.save()
                 else:  # the library's own reason is its member again after the JSON trip
                     self.flag.set(None, reason_of(decision.reason))
-
-    def saves_done(self, *, hooks: bool) -> None:
-        """Background saves whose files are on disk: their steps no longer count as
-        unsaved; at a step boundary, the hooks' ``after_save`` runs for each."""
-        checkpointer = self.checkpointer
-        while checkpointer is not None and checkpointer.completed:
-            step, path, runs = checkpointer.completed.popleft()
-            self.stepper.state_saved(runs)
-            if hooks:
-                self.call_after_save(step, path)
 
     # -- how it ended ----------------------------------------------------------------
 
@@ -645,7 +473,7 @@ class SessionRuntime:
         for hook in self.sv.hooks:
             hook.end(self.session)
         if self.sv.checkpointing:
-            self.save(final=True)
+            self.checkpoints.save(final=True)
         if self.checkpointer is not None:
             self.checkpointer.wait_for_write()  # the final save is on disk when we return
             self.after_step()
@@ -660,13 +488,3 @@ def _leaves(exc: BaseException) -> list[BaseException]:
 
 def _nothing() -> None:
     return None
-
-
-def _cause_line(exc: BaseException) -> str:
-    """The line of a collective's error that says what happened (TF's message is
-    mostly a graph traceback): ``Collective ops is aborted by: Socket closed``."""
-    lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
-    for line in lines:
-        if "aborted by" in line or "Connection reset" in line:
-            return line[:300]
-    return (lines[0] if lines else "")[:300]

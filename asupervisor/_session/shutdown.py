@@ -46,7 +46,7 @@ async def close(rt: SessionRuntime) -> None:
         done = await _off_loop(checkpointer.wait_for_write, wait, wait)
         if not done and rt.flag.error is None:
             log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
-        rt.saves_done(hooks=False)  # on disk now: not counted as lost
+        rt.checkpoints.saves_done(hooks=False)  # on disk now: not counted as lost
     # The last beat and the ledger's end line, while this session still holds the logdir.
     await rt.presence.close(
         rt.ending(),

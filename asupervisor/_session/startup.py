@@ -25,7 +25,8 @@ from .._cluster import Agreement
 from .._errors import WaitTimeout
 from .._kinds import JobKind, RestoreSource
 from .._log import log
-from .._logdir.files import is_own, remove_unfinished
+from .._logdir.files import remove_unfinished
+from .._logdir.history import Provenance
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard, make_lock
 from .._logdir.store import Store
 from .._logdir.verify import unrestored
@@ -110,6 +111,8 @@ def _open(rt: SessionRuntime) -> Opened:
                 guard=guard,
                 on_fatal=rt.fail,  # a background write that fails for good stops training
                 keep_best=sv.keep_best,
+                lookback=None if sv.on_divergence is None else sv.on_divergence.lookback,
+                provenance=Provenance.of_session(rt.presence.session_id),
             )
     rt.events.open(rt.thread.on_thread)
     rt.events.set_default(rt.step.for_summaries())
@@ -122,7 +125,7 @@ async def _wait(rt: SessionRuntime, max_wait_secs: float) -> bool:
     assert checkpointer is not None, "wait_for_checkpoint needs a logdir"
     deadline = anyio.current_time() + max_wait_secs
     # Only a checkpoint that reads back whole ends the wait: damaged ones are not one.
-    while not await rt.thread.run(checkpointer.good_exists):
+    while not await rt.thread.run(checkpointer.restorer.good_exists):
         remaining = deadline - anyio.current_time()
         if remaining <= 0:
             raise WaitTimeout(f"no checkpoint appeared in {sv.logdir!r} in {max_wait_secs} s")
@@ -191,12 +194,12 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     if path is not None and rt.checkpointer is not None:
         checkpointer = rt.checkpointer
         checkpointer.restored(path)
-        if not is_own(path, checkpointer.basename):
+        if not checkpointer.catalog.names.is_own(path):
             log.warning("checkpoint.migrated", path=path, step=step.value)
         waiting = unrestored(checkpointer.restore_status)
         if waiting is not None:
             # Objects not built yet take their values when they are built: checked
-            # again after the first step, which builds them (SessionRuntime.check_deferred).
+            # again after the first step, which builds them (SessionCheckpoints.check_deferred).
             deferred = (path, waiting)
             log.info("checkpoint.deferred", path=path, first_value=waiting)
         log.info(

@@ -3,13 +3,19 @@
 ``on_divergence=asv.Rollback(...)``: after each step the loss is looked at (a step's
 ``"loss"`` or its bare number; ``fit``'s batch logs). A non-finite loss, or with
 ``spike_factor`` one above that many times the median of the last ``window`` losses, is a
-divergence. The session then restores the newest *healthy* checkpoint (its commit recorded
-a finite loss) at least ``lookback`` steps before it, moves the data (``train(epochs=)``,
-``fit``) past the batch that diverged and ``skip`` more, writes a marker into the events
-file and goes on; no checkpoint of non-finite state is ever committed meanwhile. The
-large-model logbooks (PaLM, OPT) did this by hand: restart some steps before the spike and
-skip the batches around it. After ``max_rollbacks`` rollbacks the session stops with
-``DivergedError``, which says what happened.
+divergence. The session then restores the newest *healthy* checkpoint (its loss and every
+value it saved were finite) at least ``lookback`` steps before it, moves the data
+(``train(epochs=)``, ``fit``) past the batch that diverged and ``skip`` more, writes a
+marker into the events file, commits the restored state as the first checkpoint of a new
+branch of the history and goes on; no checkpoint of non-finite state is ever committed.
+The large-model logbooks (PaLM, OPT) did this by hand: restart some steps before the spike
+and skip the batches around it.
+
+The window of recent losses is part of the saved state (restored at a restart and at a
+rollback, as it was at that checkpoint), and the rollbacks are counted in the logdir's
+history: ``max_rollbacks`` counts the rollbacks of the *run*, across restarts. After that
+many, the session stops with ``DivergedError``, which says what happened, and so does a
+restart that meets a divergence again.
 """
 
 from __future__ import annotations
@@ -18,13 +24,19 @@ import collections
 import math
 import numbers
 import statistics
+from collections.abc import Mapping
 from typing import Any
 
 from .means import scalar_parts
 
 
 class Rollback:
-    """What to do when the loss diverges: roll back (see the module's docstring)."""
+    """What to do when the loss diverges: roll back (see the module's docstring).
+
+    ``max_rollbacks`` counts per run: the rollbacks the logdir's history records, across
+    restarts, sessions and ``asupervisor run``'s attempts (not per process). After that
+    many, a divergence ends the session with ``DivergedError``; raise it to go on.
+    """
 
     def __init__(
         self,
@@ -72,12 +84,12 @@ def loss_of(result: Any) -> float | None:
 
 
 class LossWatch:
-    """The losses of one session's recent steps, and whether the newest diverges."""
+    """The losses of the recent steps, and whether the newest diverges. Its window is
+    kept in every checkpoint (``state``/``restore``, the kept-state protocol)."""
 
     def __init__(self, policy: Rollback) -> None:
         self.policy = policy
         self._recent: collections.deque[float] = collections.deque(maxlen=policy.window)
-        self.rollbacks = 0
 
     def diverges(self, loss: float) -> str | None:
         """``"non-finite"``, ``"spike"`` or ``None``; a loss that does not diverge joins
@@ -92,6 +104,12 @@ class LossWatch:
         recent.append(loss)
         return None
 
-    def rolled_back(self) -> None:
-        self.rollbacks += 1
-        self._recent.clear()  # the restored state's losses are measured anew
+    def state(self) -> dict[str, Any]:
+        return {"recent": list(self._recent)}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """The window as the restored checkpoint saved it (a fresh one if it has none)."""
+        recent = state.get("recent", [])
+        self._recent.clear()
+        if isinstance(recent, list):
+            self._recent.extend(float(x) for x in recent if isinstance(x, (int, float)))

@@ -302,7 +302,8 @@ class FitRun:
         runtime.position.next_epoch()
         best = runtime.sv.keep_best
         if best is not None and best.metric in self.epoch_logs and runtime.sv.checkpointing:
-            runtime.save(metrics=self.epoch_logs)  # keep-best needs the epoch's own checkpoint
+            # keep-best needs the epoch's own checkpoint
+            runtime.checkpoints.save(metrics=self.epoch_logs)
 
     def _end_interrupted_epoch(self) -> None:
         """The epoch whose validation a stop interrupted: evaluated and ended now, before
@@ -397,7 +398,7 @@ def fit(
         except Exception as exc:
             if not runtime.recoverable(exc):
                 raise
-            runtime.recover(exc)  # raises when it cannot
+            runtime.checkpoints.recover(exc)  # raises when it cannot
 
 
 def _fit_once(

@@ -335,23 +335,23 @@ class Stepper:
         self.steps_run += batches
         runtime.position.advance(batches)
         self.last_result = result  # for progress displays; one assignment, no copy
-        if runtime.check_divergence(result):  # rolled back: this step is undone
+        if runtime.checkpoints.check_divergence(result):  # rolled back: this step is undone
             if runtime.position.counts():
                 raise Rewind()  # the data goes on from where the rollback put it
             return
         if not running_means:
             self.summaries.add(result)
         if self.first_done is None:
-            runtime.check_deferred()
+            runtime.checkpoints.check_deferred()
             self.first_done = (self.step.value, time.monotonic())
         for hook in self.hooks:
             hook.after_run(ctx, result)  # type: ignore[arg-type]
         if not self.step.owned and self.steps_run % STILL_CHECK_EVERY < batches:
             self._check_moving()  # ours always moves: we advance it
         if self.save_steps and self._due_save():
-            runtime.save()
+            runtime.checkpoints.save()
         elif self.save_secs and self._due_timed_save():
-            runtime.timed_save()
+            runtime.checkpoints.timed_save()
         if self.summary_steps and self._due_summary():
             self.summaries.step_summaries(result)
         runtime.after_step()
@@ -426,7 +426,7 @@ class Stepper:
             except Exception as exc:
                 if isinstance(exc, end_of_data_types()) or not runtime.recoverable(exc):
                     raise
-                runtime.recover(exc)  # raises when it cannot
+                runtime.checkpoints.recover(exc)  # raises when it cannot
                 if runtime.position.counts():
                     raise Rewind() from exc  # the data goes back with the state
 

@@ -30,6 +30,7 @@ END = "<!-- /measured -->"
 COMMANDS = {
     "peers": "python benchmarks/peers.py",
     "step_overhead": "python benchmarks/step_overhead.py",
+    "health_check": "python benchmarks/step_overhead.py --health-only",
     "checkpoint_stall": "python benchmarks/checkpoint_stall.py",
     "lifecycle_latency": "python benchmarks/lifecycle_latency.py",
     "restart_latency": "python benchmarks/restart_latency.py",

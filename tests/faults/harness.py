@@ -100,7 +100,7 @@ def checkpoint_problems(logdir: str) -> tuple[int, list[str]]:
     read back whole and hold one step boundary (a == b == its step)."""
     import tensorflow as tf
 
-    from asupervisor._checkpointing.checkpointer import verify_checkpoint
+    from asupervisor._logdir.verify import verify_checkpoint
 
     problems, count = [], 0
     for index in sorted(tf.io.gfile.glob(f"{logdir}/model.ckpt-*.index")):  # gs:// too
