@@ -2,19 +2,24 @@
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 import asupervisor as asv
+from tests import forked
 from tests.conftest import named
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.anyio
 async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -42,6 +47,7 @@ async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
     assert abandoned["running"] == ["stubborn"]
 
 
+@pytest.mark.anyio
 async def test_a_service_that_blocks_the_loop_is_named(
     events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,3 +68,53 @@ async def test_a_service_that_blocks_the_loop_is_named(
     assert stalled["where"].endswith("in blocker")  # the service's own line
     (resumed,) = named(events, "loop.resumed")
     assert resumed["seconds"] >= 0.3
+
+
+SWALLOWS = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    import asupervisor as asv
+
+    async def main():
+        sv = asv.Supervisor(sys.argv[1], save_model_secs=0, save_summaries_secs=0,
+                            stop_grace_secs=0.5)
+
+        @sv.service
+        async def stubborn(sess):
+            while True:  # never ends, whatever is done to it
+                try:
+                    await sess.sleep_until_stop(1)
+                except anyio.get_cancelled_exc_class():
+                    pass  # swallowed: it goes on
+
+        async with sv.session() as sess:
+            await anyio.sleep(0.1)
+        print("after the block", sess.outcome.value, flush=True)
+
+    sys.exit(asv.run(main, backend=sys.argv[2]))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_service_that_swallows_its_cancellation_cannot_keep_the_process_alive(
+    tmp_path: Path, backend: str
+) -> None:
+    script = tmp_path / "swallows.py"
+    script.write_text(SWALLOWS)
+    proc = forked.Popen(
+        [sys.executable, str(script), str(tmp_path / "run"), backend],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    try:
+        out, err = proc.communicate(timeout=90)  # the service alone would never end it
+    finally:
+        proc.kill()
+    assert "after the block done" in out, err
+    assert proc.returncode == 0, err  # the status of how the training ended: done
+    assert "process.exit_forced" in err and "service:stubborn" in err, err

@@ -233,3 +233,75 @@ async def test_overlapping_sessions_with_different_stop_signals_put_every_handle
 def test_stop_signals_are_checked_at_construction(value: Any) -> None:
     with pytest.raises(ValueError, match="stop_signals"):
         asv.Supervisor(None, stop_signals=value)
+
+
+AROUND_A_SESSION = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    logdir, backend, when = sys.argv[1:4]
+    v = tf.Variable(0.0)
+
+
+    class SignalledDuringTheFinalSave(asv.Hook):
+        def end(self, session):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # the signal arrives while the hooks' end and the final save run
+
+
+    async def main():
+        if when == "before":
+            os.kill(os.getpid(), signal.SIGTERM)
+            await anyio.sleep(60)  # the program's own preparation, before any session
+            print("prepared", flush=True)
+        hooks = [StopAtStepHook(last_step=3)]
+        if when == "during_the_final_save":
+            hooks.append(SignalledDuringTheFinalSave())
+        sv = asv.Supervisor(logdir, checkpoint={"v": v}, hooks=hooks, save_model_secs=0,
+                            save_model_steps=100, save_summaries_secs=0)
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+        print("after the block", sess.outcome.value, flush=True)
+
+    sys.exit(asv.run(main, backend=backend))
+    """
+)
+
+
+def around_a_session(tmp_path: Path, backend: str, when: str) -> subprocess.CompletedProcess[str]:
+    script = tmp_path / "around.py"
+    script.write_text(AROUND_A_SESSION)
+    return forked.run(
+        [sys.executable, str(script), str(tmp_path / "run"), backend, when],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sigterm_during_the_final_save_waits_for_it_and_the_program_goes_on(
+    tmp_path: Path, backend: str
+) -> None:
+    done = around_a_session(tmp_path, backend, "during_the_final_save")
+    # Not killed by the signal handed on (143): the save finished, the code after the
+    # block ran, and the run ends preempted (run it again: it ends at once, done).
+    assert done.returncode == 42, done.stderr[-3000:]
+    assert "after the block preempted" in done.stdout
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("model.ckpt-3")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_stop_signal_before_the_session_ends_the_program_preempted(
+    tmp_path: Path, backend: str
+) -> None:
+    done = around_a_session(tmp_path, backend, "before")
+    assert done.returncode == 42, done.stderr[-3000:]  # not killed (143): preempted
+    assert "prepared" not in done.stdout and "after the block" not in done.stdout

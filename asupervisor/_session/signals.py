@@ -12,6 +12,14 @@ the process had before the *first* session are saved once and put back when the
 the first to end would unwind under the others). A signal goes to every session
 that is listening for it; each signal is counted on its own (sessions may listen
 for different ones: SLURM's requeue signal is usually SIGUSR1).
+
+A *fallback* listener (``asv.run``'s, for the program's whole run) hears a signal only
+when no session listens for it: before a session, between two, after the last.
+
+A stop signal that reaches a session while it is already stopping belongs to that
+session's ending (the stop it asks for is under way). Once the session's listener is
+gone it is raised again only for a handler of the application's own; never for a
+default, which would kill or interrupt a process whose session has just saved.
 """
 
 from __future__ import annotations
@@ -52,11 +60,14 @@ class SignalListener:
         graceful: Callable[[str], None],
         immediate: Callable[[str], None],
         signals: tuple[signal.Signals, ...] = SIGNALS,
+        *,
+        fallback: bool = False,
     ) -> None:
         self._caller = caller
         self._graceful = graceful
         self._immediate = immediate
         self.signals = signals
+        self.fallback = fallback  # hears a signal only when no other listener does
         self.received: list[str] = []
         self.installed = False
 
@@ -96,15 +107,30 @@ class SignalListener:
 def _dispatch(signum: int, frame: FrameType | None) -> None:
     with _lock:
         listeners = [listener for listener in _listeners if signum in listener.signals]
-    for listener in listeners:
+    sessions = [listener for listener in listeners if not listener.fallback]
+    for listener in sessions or listeners:
         listener.deliver(signum)
 
 
-def redeliver(signums: list[int]) -> None:
-    """Raise signals again after the session's listener is gone, so that the
-    handlers now in force see them (a signal that came during shutdown is not lost)."""
+def hand_on(signums: list[int]) -> None:
+    """After a session's listener is gone: raise again the stop signals that came while
+    it stopped, for a handler of the application's own now in force. Nothing is raised
+    for a default (SIG_DFL would kill the process that has just saved, Python's and the
+    event loop's SIGINT handlers would interrupt it), an ignored signal, or this
+    module's dispatcher (whoever listens there heard the signal when it came): the
+    session's ending has kept it."""
     for signum in signums:
-        signal.raise_signal(signum)
+        if _applications(signal.getsignal(signum)):
+            signal.raise_signal(signum)
+
+
+def _applications(handler: Any) -> bool:
+    """Whether ``handler`` is a function the application installed."""
+    if not callable(handler) or handler in (signal.default_int_handler, _dispatch):
+        return False
+    function = getattr(handler, "func", handler)  # a functools.partial: asyncio's own
+    module = getattr(function, "__module__", None) or ""
+    return module.split(".")[0] not in ("asyncio", "trio", "anyio")
 
 
 def check_stop_signals(value: Any) -> tuple[signal.Signals, ...]:
