@@ -9,9 +9,11 @@ only hands a callback to the loop (``call_soon_threadsafe`` and trio's
 Sessions that overlap in one process share one installed handler: the handlers
 the process had before the *first* session are saved once and put back when the
 *last* one ends, whatever order they end in (a stack, not a chain of saves that
-the first to end would unwind under the others). A signal goes to every session
-that is listening for it; each signal is counted on its own (sessions may listen
-for different ones: SLURM's requeue signal is usually SIGUSR1).
+the first to end would unwind under the others). A handler the application installs
+over ours in between is a level of its own: a listener installed after it puts it
+back when the last of that level leaves. A signal goes to every session that is
+listening for it; each signal is counted on its own (sessions may listen for
+different ones: SLURM's requeue signal is usually SIGUSR1).
 
 A *fallback* listener (``asv.run``'s, for the program's whole run) hears a signal only
 when no session listens for it: before a session, between two, after the last.
@@ -48,7 +50,9 @@ _REFUSED = {
 
 _lock = threading.RLock()
 _listeners: list[SignalListener] = []
-_previous: dict[int, Any] = {}
+# For each signal, the levels of our dispatcher: the handler in force before it was
+# installed over it, and the listeners installed while that level is the top one.
+_levels: dict[int, list[tuple[Any, list[SignalListener]]]] = {}
 
 
 class SignalListener:
@@ -77,8 +81,12 @@ class SignalListener:
             return False
         with _lock:
             for sig in self.signals:
-                if sig not in _previous:  # the first listener for it
-                    _previous[sig] = signal.getsignal(sig)
+                levels = _levels.setdefault(sig, [])
+                current = signal.getsignal(sig)
+                if levels and current is _dispatch:
+                    levels[-1][1].append(self)
+                else:  # the first listener, or the application's handler is over ours
+                    levels.append((current, [self]))
                     signal.signal(sig, _dispatch)
             _listeners.append(self)
         self.installed = True
@@ -92,9 +100,17 @@ class SignalListener:
         with _lock:
             if self in _listeners:
                 _listeners.remove(self)
-            still = {sig for listener in _listeners for sig in listener.signals}
-            for sig in [sig for sig in _previous if sig not in still]:
-                signal.signal(sig, _previous.pop(sig))
+            for sig in self.signals:
+                levels = _levels.get(sig, [])
+                for _, members in levels:
+                    if self in members:
+                        members.remove(self)
+                while levels and not levels[-1][1]:  # the top level is empty: undo it
+                    handler, _ = levels.pop()
+                    if signal.getsignal(sig) is _dispatch:  # not one installed over ours
+                        signal.signal(sig, handler)
+                if not levels:
+                    _levels.pop(sig, None)
 
     def deliver(self, signum: int) -> None:
         name = signal.Signals(signum).name

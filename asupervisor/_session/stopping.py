@@ -1,19 +1,7 @@
-"""The stop path's states, and the one stop flag.
+"""The one stop flag of a session, and what ends the data.
 
-A session moves through these phases, in this order only (``docs/ARCHITECTURE.md``
-draws the machine)::
-
-    STARTING ──▶ RUNNING ──▶ DRAINING ──▶ FINISHING ──▶ CLOSING ──▶ CLOSED
-        │            │           │  └───────────────────────▲
-        └────────────┴───────────┴── (error, cancel, stuck) ─┘
-
-- RUNNING: the body runs; any part may ask for a stop (``request_stop``).
-- DRAINING: the body has left; the work in flight on the training thread gets
-  ``stop_grace_secs`` from this moment. An idle thread drains at once.
-- FINISHING: after a clean stop only: the hooks' ``end`` and the final save.
-- CLOSING: services get what is left of the grace period; the events file, the
-  checkpoint writer and the training thread are closed off the event loop; the
-  logdir lock is released once nothing of the session can write any more.
+The stop path's phases and its grace are ``StopPath``'s (``stoppath.py``); this is the
+flag every part stops by.
 
 Whoever asks for a stop, and from whatever thread, goes through ``StopFlag.set``:
 the first stop fixes the reason, the first error wins, later errors are logged.
