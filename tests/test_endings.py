@@ -64,6 +64,16 @@ SCRIPT = textwrap.dedent(
             logdir, checkpoint={"v": v}, hooks=hooks, save_model_secs=0, save_model_steps=2,
             save_summaries_secs=0, heartbeat_secs=0.2, stop_grace_secs=1,
         )
+        if case == "sigterm_while_closing":
+
+            @sv.service
+            async def signals_when_cancelled(sess):
+                try:
+                    await anyio.sleep_forever()  # ends only when the session cancels it
+                except anyio.get_cancelled_exc_class():
+                    os.kill(me, signal.SIGTERM)  # the session's work and final save are over
+                    raise
+
         if case == "a_swallowing_service":
 
             @sv.service
@@ -116,7 +126,15 @@ CASES = {
     "cancelled_from_outside": ("interrupted", 130),
     "cancelled_from_outside_natively": ("interrupted", 130),
     "sigterm_during_the_final_save": ("preempted", 42),
+    "sigterm_while_closing": ("preempted", 42),
     "a_swallowing_service": ("done", 0),
+}
+# case -> the phase the session was in when the stop signal reached it, in its end line
+SIGNAL_PHASE = {
+    "preempted": "running",
+    "interrupted": "running",
+    "sigterm_during_the_final_save": "finishing",
+    "sigterm_while_closing": "closing",
 }
 
 
@@ -153,6 +171,11 @@ def test_the_ledger_the_last_beat_and_the_exit_status_agree(
     code, out, err = run_case(tmp_path, backend, case)
     assert code == status, f"{case}: exit {code}\n{out}\n{err[-3000:]}"
     assert ending_of(tmp_path / "run") == (outcome, status, outcome, status), err[-3000:]
+    (end,) = [r for r in _ledger.read(Store(str(tmp_path / "run"))) if r["event"] == "end"]
+    signalled = case in SIGNAL_PHASE
+    assert end["signal_phase"] == SIGNAL_PHASE.get(case), end
+    expected = "SIGINT" if case == "interrupted" else "SIGTERM" if signalled else None
+    assert end["signal"] == expected, end
 
 
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])

@@ -58,6 +58,8 @@ async def close(rt: SessionRuntime) -> None:
         await _off_loop(rt.thread.join, stop.closing(), stop.closing())
     rt.coord._close_session()
     stop.closed()
+    # Stop signals that came while it stopped: for a handler of the application's own.
+    hand_on(stop.late_signals)
     with contextlib.suppress(Exception):
         log.info(
             "session.stopped",
@@ -78,12 +80,8 @@ def unsaved_steps(rt: SessionRuntime) -> int:
 
 
 def raise_outcome(rt: SessionRuntime) -> None:
-    """Raise what the session's ending says it raises (nothing for a clean end), after
-    handing the stop signals that came while it stopped to a handler of the
-    application's own, if one is in force now."""
-    stop = rt.stop
-    hand_on(stop.late_signals)
-    ending = stop.ending
+    """Raise what the session's ending says it raises (nothing for a clean end)."""
+    ending = rt.stop.ending
     if ending is not None and ending.raised is not None:
         raise ending.raised
 

@@ -87,7 +87,10 @@ class SignalListener:
                     levels[-1][1].append(self)
                 else:  # the first listener, or the application's handler is over ours
                     levels.append((current, [self]))
-                    signal.signal(sig, _dispatch)
+                # Set again even when Python says it is ours: native code can replace a
+                # handler without Python knowing (TensorFlow's preemption notifier does,
+                # for SIGTERM, once a multi-worker job's coordination service starts).
+                signal.signal(sig, _dispatch)
             _listeners.append(self)
         self.installed = True
         return True
