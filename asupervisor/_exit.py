@@ -94,7 +94,6 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
         _last = None
     _signal = None
     program = _Program(main, args)
-    before = set(threading.enumerate())
     program.listen()
     error: BaseException | None = None
     try:
@@ -104,7 +103,7 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
             error = exc
             if not isinstance(exc, SystemExit):
                 traceback.print_exception(exc)
-        program.join_threads(before, error)
+        program.join_threads(error)
     except KeyboardInterrupt as exc:  # a second SIGINT while the process ends
         error = exc
     finally:
@@ -127,6 +126,7 @@ class _Program:
         self._error: BaseException | None = None  # what main raised
         self._ended_at: float | None = None
         self._over = threading.Event()  # run() is returning: the bound is off
+        self._before = set(threading.enumerate())
         # Called in the signal handler itself: it must act before the loop runs, and
         # when the loop no longer does.
         self._listener = SignalListener(_at_once, self._preempted, self._interrupted, fallback=True)
@@ -188,26 +188,36 @@ class _Program:
     def _bound(self) -> None:
         """Beside an event loop that does not end after ``main``: end the process."""
         if not self._over.wait(EXIT_SECS):
-            self.exit_now(self._error, [])
+            self.exit_now(self._error)
 
-    def join_threads(self, before: set[threading.Thread], error: BaseException | None) -> None:
-        """Wait, within the bound, for the threads ``main`` left that the interpreter's
-        exit would wait for (not daemons); end the process if one is still there."""
+    def join_threads(self, error: BaseException | None) -> None:
+        """Wait, within the bound, for the event loop's worker threads that the
+        interpreter's exit would wait for (anyio's are not daemons): one still running a
+        call that was given up on (``abandon_on_cancel``, as every bounded wait of a
+        session's close is) would hold the process for good. End the process if one is
+        still there. Threads of the application's own are its own: Python waits for them."""
         import time
 
         if self._ended_at is None:
             return
         deadline = self._ended_at + EXIT_SECS
-        current = threading.current_thread()
-        held = [t for t in threading.enumerate() if t not in before and not t.daemon]
-        for thread in held:
-            if thread is not current:
-                thread.join(max(0.0, deadline - time.monotonic()))
-        left = [t.name for t in held if t is not current and t.is_alive()]
-        if left:
-            self.exit_now(error, left)
+        for thread in self._held():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._held():
+            self.exit_now(error)
 
-    def exit_now(self, error: BaseException | None, threads: list[str]) -> None:
+    def _held(self) -> list[threading.Thread]:
+        """The event loop's worker threads still running that the exit would wait for."""
+        return [
+            t
+            for t in threading.enumerate()
+            if t not in self._before
+            and not t.daemon
+            and type(t).__module__.startswith("anyio.")
+            and t.is_alive()
+        ]
+
+    def exit_now(self, error: BaseException | None) -> None:
         """End the process now, with the status it would have ended with."""
         from ._log import log
 
@@ -215,12 +225,13 @@ class _Program:
         with _lock:
             ending = _last
         abandoned = [] if ending is None else [f"service:{n}" for n in ending.abandoned]
+        threads = [f"thread:{t.name}" for t in self._held()]
         with contextlib.suppress(Exception):
             log.error(
                 "process.exit_forced",
                 status=status,
                 after_secs=EXIT_SECS,
-                left_behind=abandoned + [f"thread:{name}" for name in threads],
+                left_behind=abandoned + threads,
             )
         for stream in (sys.stdout, sys.stderr):
             with contextlib.suppress(Exception):

@@ -118,3 +118,40 @@ def test_a_service_that_swallows_its_cancellation_cannot_keep_the_process_alive(
     assert "after the block done" in out, err
     assert proc.returncode == 0, err  # the status of how the training ended: done
     assert "process.exit_forced" in err and "service:stubborn" in err, err
+
+
+GIVES_UP = textwrap.dedent(
+    """
+    import sys, time
+    import anyio
+    import asupervisor as asv
+
+    async def main():
+        with anyio.move_on_after(0.2):  # a bounded wait, as every wait of a session's close
+            await anyio.to_thread.run_sync(time.sleep, 600, abandon_on_cancel=True)
+        print("main ended", flush=True)
+
+    sys.exit(asv.run(main, backend=sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_call_given_up_on_in_a_worker_thread_cannot_keep_the_process_alive(
+    tmp_path: Path, backend: str
+) -> None:
+    """The worker thread still runs the call; the interpreter's exit would wait for it
+    (asyncio's are not daemons): asv.run ends the process, with main's status."""
+    script = tmp_path / "gives_up.py"
+    script.write_text(GIVES_UP)
+    done = forked.run(
+        [sys.executable, str(script), backend],
+        capture_output=True,
+        text=True,
+        timeout=120,  # the call alone would hold it for 600 s
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+    assert "main ended" in done.stdout and done.returncode == 0, done.stderr
+    if backend == "asyncio":
+        assert "process.exit_forced" in done.stderr and "thread:AnyIO" in done.stderr

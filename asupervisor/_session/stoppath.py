@@ -119,7 +119,8 @@ class StopPath:
             log.warning("signal.received", signal=name, action=action)
 
     def interrupt(self, name: str) -> None:
-        """On the loop: a second SIGINT stops at once; no final save, nothing awaited."""
+        """On the loop: a second SIGINT stops at once: no final save, and nothing is waited
+        for but the record (the ledger line, the last beat)."""
         self.signals.append((name, self.phase))
         self.interrupted = True
         self._flag.set(None, StopReason.SIGNAL)
