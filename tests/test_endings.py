@@ -8,8 +8,6 @@ status the process exited with.
 
 from __future__ import annotations
 
-import os
-import sys
 import textwrap
 from pathlib import Path
 
@@ -139,15 +137,8 @@ SIGNAL_PHASE = {
 
 
 def run_case(tmp_path: Path, backend: str, case: str) -> tuple[int, str, str]:
-    script = tmp_path / "train.py"
-    script.write_text(SCRIPT)
-    done = forked.run(
-        [sys.executable, str(script), str(tmp_path / "run"), backend, case],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
+    path, logdir = tmp_path / "train.py", str(tmp_path / "run")
+    done = forked.run_script(path, SCRIPT, logdir, backend, case)
     return done.returncode, done.stdout, done.stderr
 
 

@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 import textwrap
 import threading
 import time
@@ -102,21 +99,11 @@ SWALLOWS = textwrap.dedent(
 def test_a_service_that_swallows_its_cancellation_cannot_keep_the_process_alive(
     tmp_path: Path, backend: str
 ) -> None:
-    script = tmp_path / "swallows.py"
-    script.write_text(SWALLOWS)
-    proc = forked.Popen(
-        [sys.executable, str(script), str(tmp_path / "run"), backend],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
-    try:
-        out, err = proc.communicate(timeout=90)  # the service alone would never end it
-    finally:
-        proc.kill()
+    # The service alone would never let it end.
+    done = forked.run_script(tmp_path / "swallows.py", SWALLOWS, str(tmp_path / "run"), backend)
+    out, err = done.stdout, done.stderr
     assert "after the block done" in out, err
-    assert proc.returncode == 0, err  # the status of how the training ended: done
+    assert done.returncode == 0, err  # the status of how the training ended: done
     assert "process.exit_forced" in err and "service:stubborn" in err, err
 
 
@@ -143,15 +130,8 @@ def test_a_call_given_up_on_in_a_worker_thread_cannot_keep_the_process_alive(
 ) -> None:
     """The worker thread still runs the call; the interpreter's exit would wait for it
     (asyncio's are not daemons): asv.run ends the process, with main's status."""
-    script = tmp_path / "gives_up.py"
-    script.write_text(GIVES_UP)
-    done = forked.run(
-        [sys.executable, str(script), backend],
-        capture_output=True,
-        text=True,
-        timeout=120,  # the call alone would hold it for 600 s
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
+    # The call alone would hold it for 600 s.
+    done = forked.run_script(tmp_path / "gives_up.py", GIVES_UP, backend)
     assert "main ended" in done.stdout and done.returncode == 0, done.stderr
     if backend == "asyncio":
         assert "process.exit_forced" in done.stderr and "thread:AnyIO" in done.stderr

@@ -283,15 +283,8 @@ AROUND_A_SESSION = textwrap.dedent(
 
 
 def around_a_session(tmp_path: Path, backend: str, when: str) -> subprocess.CompletedProcess[str]:
-    script = tmp_path / "around.py"
-    script.write_text(AROUND_A_SESSION)
-    return forked.run(
-        [sys.executable, str(script), str(tmp_path / "run"), backend, when],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
-    )
+    path, logdir = tmp_path / "around.py", str(tmp_path / "run")
+    return forked.run_script(path, AROUND_A_SESSION, logdir, backend, when)
 
 
 @pytest.mark.slow

@@ -45,7 +45,7 @@ if sys.version_info < (3, 11):  # pragma: no cover
 
 POLL_SECS = 0.05  # how often the grace watcher looks at the job in flight
 CLOSE_SECS = 0.1  # what each part of the close gets once the grace has passed
-RECORD_SECS = 1.0  # what the ledger line and the last beat get, whatever happened
+RECORD_SECS = 3.0  # what the ledger line and the last beat get, whatever happened
 
 # Where the stop path may go from each phase; anything else is a bug in the session.
 _NEXT = {
