@@ -26,6 +26,9 @@ from typing import Any
 
 from ._outcome import Ending, Outcome, exit_status_of, is_cancellation, outcome_of
 
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
 EXIT_SECS = 2.0  # from the end of main to the end of the process, at most
 
 _lock = threading.Lock()
@@ -53,19 +56,29 @@ def status_of(
     after ``ending`` (its last session's, if any) and ``signalled`` (a stop signal that
     came while no session listened, if one did).
 
-    The session's own error (``ending.raised``, or the cancellation that ended it, which
-    asyncio re-makes on its way out) has the ending's status; another error its own
+    The session's own error (``ending.raised``, also inside the exception group of a task
+    group around the session, or the cancellation that ended it, which asyncio re-makes
+    on its way out) has the ending's status; another error its own
     outcome's; a program that returned has its last session's, and a stop signal makes
     one that would have been done a preemption (a failure stays a failure)."""
     if error is not None:
         raised = None if ending is None else ending.raised
         if ending is not None and raised is not None:
-            if error is raised or (is_cancellation(error) and is_cancellation(raised)):
+            if _holds(error, raised) or (is_cancellation(error) and is_cancellation(raised)):
                 return ending.exit_status
         return exit_status_of(outcome_of(error), error)
     if ending is None or ending.outcome is Outcome.DONE:
         return (Outcome.PREEMPTED if signalled is not None else Outcome.DONE).exit_status
     return ending.exit_status
+
+
+def _holds(error: BaseException, raised: BaseException) -> bool:
+    """Whether ``error`` is ``raised``, or an exception group with it inside."""
+    if error is raised:
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return any(_holds(inner, raised) for inner in error.exceptions)
+    return False
 
 
 def _program_status(error: BaseException | None) -> int:

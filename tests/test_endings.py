@@ -8,17 +8,25 @@ status the process exited with.
 
 from __future__ import annotations
 
+import asyncio
+import sys
 import textwrap
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
+import asupervisor as asv
+from asupervisor._exit import status_of
+from asupervisor._kinds import Phase
 from asupervisor._logdir import heartbeat as _heartbeat
 from asupervisor._logdir import ledger as _ledger
 from asupervisor._logdir.store import Store
+from asupervisor._outcome import Ending, Outcome, StopReason
 from tests import forked
 
-pytestmark = pytest.mark.slow
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
 
 SCRIPT = textwrap.dedent(
     """
@@ -151,6 +159,7 @@ def ending_of(logdir: Path) -> tuple[str | None, int | None, str | None, int | N
     return record.outcome, record.exit_status, outcome, beat.exit_status
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_the_ledger_the_last_beat_and_the_exit_status_agree(
@@ -169,6 +178,7 @@ def test_the_ledger_the_last_beat_and_the_exit_status_agree(
     assert end["signal"] == expected, end
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["asyncio", "trio"])
 def test_a_sigterm_after_the_session_ended_preempts_the_program_not_the_session(
     tmp_path: Path, backend: str
@@ -179,3 +189,27 @@ def test_a_sigterm_after_the_session_ended_preempts_the_program_not_the_session(
     assert code == 42, f"exit {code}\n{out}\n{err[-3000:]}"
     assert "after the block done" in out and "post-processing done" not in out
     assert ending_of(tmp_path / "run") == ("done", 0, "done", 0)
+
+
+def test_the_sessions_own_error_has_its_status_wherever_it_escapes() -> None:
+    """``status_of``, the one decision: the error the session raised is known by identity
+    (also inside a task group's exception group), a cancellation by kind (asyncio makes a
+    new one on its way out of a cancelled task), an error of the program's own by its
+    outcome; a stop signal outside a session preempts only a run that was done."""
+    expired = asv.GracePeriodExpired("'step' was still running", job="step", unsaved_steps=3)
+    stuck = Ending(
+        Outcome.STUCK, StopReason.SIGNAL, None, expired, 5, 3, 2, "step", "SIGTERM",
+        Phase.RUNNING, (),
+    )  # fmt: skip
+    assert status_of(expired, stuck) == status_of(expired) == 124  # it carries its outcome
+    assert status_of(BaseExceptionGroup("a task group", [expired]), stuck) == 124
+    cancelled = replace(stuck, outcome=Outcome.INTERRUPTED, raised=asyncio.CancelledError())
+    assert status_of(asyncio.CancelledError("made anew"), cancelled) == 130
+    failed = replace(stuck, outcome=Outcome.FAILED, raised=OSError("disk"))
+    assert status_of(ValueError("the program's own"), failed) == 78
+    assert status_of(SystemExit(3), failed) == 3
+    assert status_of(KeyboardInterrupt(), failed) == 130
+    done = replace(stuck, outcome=Outcome.DONE, raised=None)
+    assert status_of(None, done) == 0 and status_of(None, done, "SIGTERM") == 42
+    assert status_of(None, None, "SIGTERM") == 42  # no session yet
+    assert status_of(None, failed, "SIGTERM") == 1  # a failure stays a failure
