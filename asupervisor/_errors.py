@@ -21,6 +21,8 @@ wrapped: they reach the caller as the same object, traceback intact.
 
 from __future__ import annotations
 
+from ._outcome import Outcome
+
 
 class SupervisorError(Exception):
     """Base class of every error asupervisor raises itself."""
@@ -29,8 +31,26 @@ class SupervisorError(Exception):
 class GracePeriodExpired(SupervisorError, RuntimeError):
     """A training step was still running when the stop grace period ran out.
 
-    ``__cause__`` is the error that started the stop, if there was one.
+    ``__cause__`` is the error that started the stop, if there was one. What the session
+    knew is on the error too: ``job`` (the work that outlived the grace), ``grace_secs``,
+    ``unsaved_steps`` (run since the last checkpoint: lost) and ``outcome``
+    (``Outcome.STUCK``: the process exits 124 with it).
     """
+
+    outcome = Outcome.STUCK
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        job: str | None = None,
+        grace_secs: float | None = None,
+        unsaved_steps: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.job = job
+        self.grace_secs = grace_secs
+        self.unsaved_steps = unsaved_steps
 
 
 class CheckpointMismatchError(SupervisorError):
@@ -59,7 +79,10 @@ class NanLossError(SupervisorError):
 
 
 class StepTimeout(SupervisorError):
-    """A training step ran longer than ``step_timeout_secs``."""
+    """A training step ran longer than ``step_timeout_secs``: the session ends stuck
+    (``outcome``), and the process exits 124 with it."""
+
+    outcome = Outcome.STUCK
 
 
 class SessionStopped(SupervisorError, RuntimeError):

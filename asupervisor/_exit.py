@@ -1,61 +1,259 @@
 """A process ends with the exit status of how its training ended (``asv.run``).
 
 Orchestrators read only the exit status: 0 must mean *done*, never *preempted* (a
-Kubernetes Job whose pod exits 0 is complete and never restarted). The statuses are
-``Outcome.exit_status``; ``run`` turns the last session's outcome, or the error that
-escaped the program, into one.
+Kubernetes Job whose pod exits 0 is complete and never restarted). ``status_of`` is the
+one decision of a process's status, from what ended its program: the last session's
+``Ending`` (the error the session raised is recognised as its own by identity), an
+error of the program's own, or a stop signal that came while no session listened. The
+statuses themselves are the table in ``_outcome``.
+
+``run`` also bounds the process: the program is cancelled by a stop signal that comes
+outside a session (a preemption), and once ``main`` has ended the process ends within
+``EXIT_SECS``, whatever a task that will not end (a service that swallowed its
+cancellation) or a thread left behind would hold.
 """
 
 from __future__ import annotations
 
+import contextlib
+import os
+import signal
+import sys
 import threading
 import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
-from ._outcome import Outcome, is_permanent
+from ._outcome import Ending, Outcome, exit_status_of, is_cancellation, outcome_of
+
+if sys.version_info < (3, 11):  # pragma: no cover
+    from exceptiongroup import BaseExceptionGroup
+
+EXIT_SECS = 2.0  # from the end of main to the end of the process, at most
 
 _lock = threading.Lock()
-_last: tuple[Outcome, BaseException | None] | None = None  # this process's last session
+_last: Ending | None = None  # how this process's last session ended
+_signal: str | None = None  # a stop signal the running asv.run program had outside a session
 
 
-def ended(outcome: Outcome, error: BaseException | None) -> None:
-    """A session of this process ended so (the runtime tells, once per session)."""
+def ended(ending: Ending) -> None:
+    """A session of this process ended so (its stop path tells, once per session)."""
     global _last
     with _lock:
-        _last = (outcome, error)
+        _last = ending
 
 
-def status_of(error: BaseException | None) -> int:
-    """The exit status for a program that ended with ``error`` (``None``: it returned)."""
+def outside_signal() -> str | None:
+    """The stop signal that reached the program ``asv.run`` runs while no session
+    listened (it cancels the program: a preemption), if one did."""
+    return _signal
+
+
+def status_of(
+    error: BaseException | None, ending: Ending | None = None, signalled: str | None = None
+) -> int:
+    """The exit status of a program that ended with ``error`` (``None``: it returned),
+    after ``ending`` (its last session's, if any) and ``signalled`` (a stop signal that
+    came while no session listened, if one did).
+
+    The session's own error (``ending.raised``, also inside the exception group of a task
+    group around the session, or the cancellation that ended it, which asyncio re-makes
+    on its way out) has the ending's status; another error its own
+    outcome's; a program that returned has its last session's, and a stop signal makes
+    one that would have been done a preemption (a failure stays a failure)."""
+    if error is not None:
+        raised = None if ending is None else ending.raised
+        if ending is not None and raised is not None:
+            if _holds(error, raised) or (is_cancellation(error) and is_cancellation(raised)):
+                return ending.exit_status
+        return exit_status_of(outcome_of(error), error)
+    if ending is None or ending.outcome is Outcome.DONE:
+        return (Outcome.PREEMPTED if signalled is not None else Outcome.DONE).exit_status
+    return ending.exit_status
+
+
+def _holds(error: BaseException, raised: BaseException) -> bool:
+    """Whether ``error`` is ``raised``, or an exception group with it inside."""
+    if error is raised:
+        return True
+    if isinstance(error, BaseExceptionGroup):
+        return any(_holds(inner, raised) for inner in error.exceptions)
+    return False
+
+
+def _program_status(error: BaseException | None) -> int:
     with _lock:
-        last = _last
-    if error is None:
-        return 0 if last is None else last[0].exit_status
-    if isinstance(error, SystemExit):
-        code = error.code
-        return code if isinstance(code, int) else (0 if code is None else 1)
-    if last is not None and (last[1] is error or isinstance(error, KeyboardInterrupt)):
-        return last[0].exit_status  # the session's own ending
-    if isinstance(error, KeyboardInterrupt):
-        return Outcome.INTERRUPTED.exit_status
-    return (Outcome.FAILED_PERMANENTLY if is_permanent(error) else Outcome.FAILED).exit_status
+        ending = _last
+    return status_of(error, ending, _signal)
 
 
 def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio") -> int:
     """Run ``main(*args)`` on an event loop (``anyio.run``) and return the exit status for
     how it ended: the outcome of the last session it ran (``asv.Outcome``), or the status
     of the error that escaped it (printed, as Python would). ``sys.exit(asv.run(main))``.
+
+    For the program's whole run, SIGTERM and SIGINT that come while no session listens
+    (before the first session, between two, after the last) cancel ``main`` at its next
+    ``await``: the program was preempted (42); a second SIGINT raises
+    ``KeyboardInterrupt`` there, as Python would. Once ``main`` has ended, the process
+    ends within ``EXIT_SECS``: if the event loop, or a thread it left that would hold the
+    interpreter's exit, has not ended by then, ``process.exit_forced`` is logged and the
+    process exits at once (``os._exit``) with the same status.
     """
     import anyio
 
+    global _last, _signal
+    with _lock:
+        _last = None
+    _signal = None
+    program = _Program(main, args)
+    program.listen()
+    error: BaseException | None = None
     try:
-        anyio.run(main, *args, backend=backend)
-    except BaseException as exc:  # the status says what happened; the traceback, how
-        if not isinstance(exc, SystemExit):
-            traceback.print_exception(exc)
-        return status_of(exc)
-    return status_of(None)
+        try:
+            anyio.run(program.run, backend=backend)
+        except BaseException as exc:  # the status says what happened; the traceback, how
+            error = exc
+            if not isinstance(exc, SystemExit):
+                traceback.print_exception(exc)
+        program.join_threads(error)
+    except KeyboardInterrupt as exc:  # a second SIGINT while the process ends
+        error = exc
+    finally:
+        program.over()
+    status = _program_status(error)
+    _signal = None  # the program is over: no later session is preempted by its signal
+    return status
+
+
+class _Program:
+    """One ``asv.run``: ``main`` in a cancel scope that a stop signal outside any session
+    cancels, and the bound on the process's end once ``main`` has ended."""
+
+    def __init__(self, main: Callable[..., Awaitable[Any]], args: tuple[Any, ...]) -> None:
+        from ._session.signals import SignalListener
+
+        self._main, self._args = main, args
+        self._call: Callable[[Callable[[], object]], None] | None = None  # the loop's
+        self._scope: Any = None  # main's cancel scope
+        self._error: BaseException | None = None  # what main raised
+        self._ended_at: float | None = None
+        self._over = threading.Event()  # run() is returning: the bound is off
+        self._before = set(threading.enumerate())
+        # Called in the signal handler itself: it must act before the loop runs, and
+        # when the loop no longer does.
+        self._listener = SignalListener(_at_once, self._preempted, self._interrupted, fallback=True)
+
+    def listen(self) -> None:
+        self._listener.install()  # nothing, off the main thread
+
+    def over(self) -> None:
+        self._over.set()
+        self._listener.restore()
+
+    async def run(self) -> None:
+        import anyio
+
+        from ._training.thread import loop_caller
+
+        self._call = loop_caller()
+        try:
+            with anyio.CancelScope() as scope:
+                self._scope = scope
+                if _signal is not None:  # it came before the loop ran
+                    scope.cancel()
+                await self._main(*self._args)
+        except BaseException as exc:
+            self._error = exc
+            raise
+        finally:
+            self._main_ended()
+
+    # -- stop signals outside a session (in the signal handler) -------------------------
+
+    def _preempted(self, name: str) -> None:
+        global _signal
+        _signal = name  # a plain assignment: no lock may be taken in a signal handler
+        call = self._call
+        if call is not None and self._ended_at is None:
+            call(lambda: self._cancel(name))
+
+    def _cancel(self, name: str) -> None:
+        """On the loop: the program ends at its next ``await``."""
+        from ._log import log
+
+        if self._scope is not None:
+            self._scope.cancel()
+        with contextlib.suppress(Exception):
+            log.warning("signal.received", signal=name, action="end the program (preempted)")
+
+    def _interrupted(self, name: str) -> None:
+        signal.default_int_handler(signal.SIGINT, None)  # raises KeyboardInterrupt, as Python
+
+    # -- the bound ---------------------------------------------------------------------
+
+    def _main_ended(self) -> None:
+        import time
+
+        self._ended_at = time.monotonic()
+        threading.Thread(target=self._bound, name="asupervisor-exit", daemon=True).start()
+
+    def _bound(self) -> None:
+        """Beside an event loop that does not end after ``main``: end the process."""
+        if not self._over.wait(EXIT_SECS):
+            self.exit_now(self._error)
+
+    def join_threads(self, error: BaseException | None) -> None:
+        """Wait, within the bound, for the event loop's worker threads that the
+        interpreter's exit would wait for (anyio's are not daemons): one still running a
+        call that was given up on (``abandon_on_cancel``, as every bounded wait of a
+        session's close is) would hold the process for good. End the process if one is
+        still there. Threads of the application's own are its own: Python waits for them."""
+        import time
+
+        if self._ended_at is None:
+            return
+        deadline = self._ended_at + EXIT_SECS
+        for thread in self._held():
+            thread.join(max(0.0, deadline - time.monotonic()))
+        if self._held():
+            self.exit_now(error)
+
+    def _held(self) -> list[threading.Thread]:
+        """The event loop's worker threads still running that the exit would wait for."""
+        return [
+            t
+            for t in threading.enumerate()
+            if t not in self._before
+            and not t.daemon
+            and type(t).__module__.startswith("anyio.")
+            and t.is_alive()
+        ]
+
+    def exit_now(self, error: BaseException | None) -> None:
+        """End the process now, with the status it would have ended with."""
+        from ._log import log
+
+        status = _program_status(error)
+        with _lock:
+            ending = _last
+        abandoned = [] if ending is None else [f"service:{n}" for n in ending.abandoned]
+        threads = [f"thread:{t.name}" for t in self._held()]
+        with contextlib.suppress(Exception):
+            log.error(
+                "process.exit_forced",
+                status=status,
+                after_secs=EXIT_SECS,
+                left_behind=abandoned + threads,
+            )
+        for stream in (sys.stdout, sys.stderr):
+            with contextlib.suppress(Exception):
+                stream.flush()
+        os._exit(status)
+
+
+def _at_once(action: Callable[[], object]) -> None:
+    action()
 
 
 def exit_status(outcome: Outcome | None) -> int:

@@ -1,9 +1,12 @@
-"""Why a session stopped, and how it ended: each defined once, here, as an enum.
+"""Why a session stopped, and how it ended: each defined once, here.
 
 ``StopReason`` is why the stop was asked for (the first stop fixes it); ``Outcome`` is
 what the session's end means for whoever runs the process: done, preempted, failed
 (worth a retry or not), stuck, or stopped at once. Each outcome has the process exit
-status a run should end with, so that an orchestrator can tell them apart.
+status a run should end with, so that an orchestrator can tell them apart: the table
+``_EXIT_STATUS`` below is the only one. ``Ending`` is how one session ended, decided once
+from what happened (``_session/stoppath.py``) and read by everything that reports it:
+the ledger, the last heartbeat, ``sess.outcome``, and the process's exit status.
 """
 
 from __future__ import annotations
@@ -11,6 +14,9 @@ from __future__ import annotations
 import enum
 import sys
 from collections.abc import Iterable
+from dataclasses import dataclass
+
+from ._kinds import Phase
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -91,6 +97,67 @@ _EXIT_STATUS = {
     Outcome.STUCK: 124,  # what timeout(1) exits with when it ends a command
     Outcome.INTERRUPTED: 130,  # 128 + SIGINT, as a shell reports Ctrl-C
 }
+
+
+@dataclass(frozen=True)
+class Ending:
+    """How one session ended: the facts, and what they were decided to mean.
+
+    Made once, when the session closes, before its ledger line and last beat are
+    written; never changed after. ``raised`` is the very object the session raises at
+    its end (``None``: a clean end), so that the process can tell its own ending from
+    any other error by identity.
+    """
+
+    outcome: Outcome
+    reason: StopReason | str | None  # why the stop was asked for (the first stop's reason)
+    error: BaseException | None  # the first error, as it was raised
+    raised: BaseException | None  # what the session raises at its end
+    step: int
+    unsaved_steps: int  # run since the last good checkpoint, and not saved now
+    last_saved_step: int | None
+    stuck_job: str | None  # the work on the training thread that outlived the grace
+    signal: str | None  # the first stop signal that reached the session ("SIGTERM")
+    # Where the session was when that signal came: STARTING is before its work,
+    # RUNNING during it, DRAINING, FINISHING and CLOSING after it (the stop was under way).
+    signal_phase: Phase | None
+    abandoned: tuple[str, ...]  # services that went on after their cancellation: left behind
+
+    @property
+    def exit_status(self) -> int:
+        return exit_status_of(self.outcome, self.raised)
+
+
+def exit_status_of(outcome: Outcome, raised: BaseException | None = None) -> int:
+    """The status a process ends with: its outcome's (the table above), unless what ends
+    it is a ``SystemExit``, whose own code Python exits with."""
+    if isinstance(raised, SystemExit):
+        code = raised.code
+        return code if isinstance(code, int) else (0 if code is None else 1)
+    return _EXIT_STATUS[outcome]
+
+
+def outcome_of(error: BaseException) -> Outcome:
+    """What an error that ends a run means: the outcome it carries (``GracePeriodExpired``,
+    ``StepTimeout``: stuck), an interrupt or a cancellation (interrupted), an error a
+    retry meets again (failed permanently), or any other failure."""
+    carried = getattr(error, "outcome", None)
+    if isinstance(carried, Outcome):
+        return carried
+    if isinstance(error, KeyboardInterrupt) or is_cancellation(error):
+        return Outcome.INTERRUPTED
+    return Outcome.FAILED_PERMANENTLY if is_permanent(error) else Outcome.FAILED
+
+
+def is_cancellation(error: BaseException) -> bool:
+    """The event loop's cancellation (asyncio's ``CancelledError``, trio's ``Cancelled``),
+    without a running loop to ask."""
+    import asyncio
+
+    trio = sys.modules.get("trio")
+    return isinstance(error, asyncio.CancelledError) or (
+        trio is not None and isinstance(error, trio.Cancelled)
+    )
 
 
 def is_permanent(error: BaseException) -> bool:

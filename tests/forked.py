@@ -242,4 +242,19 @@ def run(
     return subprocess.CompletedProcess(args, proc.returncode, out, err)
 
 
-__all__ = ["DEVNULL", "PIPE", "STDOUT", "CompletedProcess", "Popen", "run"]
+def run_script(
+    path: Path, source: str, *args: str, timeout: float = 120
+) -> subprocess.CompletedProcess[str]:
+    """Write ``source`` to ``path`` and run ``python path args...``, its output captured
+    as text; one that does not end within ``timeout`` fails the test."""
+    path.write_text(source)
+    return run(
+        [sys.executable, str(path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"},
+    )
+
+
+__all__ = ["DEVNULL", "PIPE", "STDOUT", "CompletedProcess", "Popen", "run", "run_script"]

@@ -129,3 +129,38 @@ async def test_many_waiters_all_wake() -> None:
 def test_bad_exc_argument() -> None:
     with pytest.raises(TypeError, match="exc"):
         asv.Coordinator().request_stop("boom")  # type: ignore[arg-type]
+
+
+@pytest.mark.anyio
+async def test_an_error_reported_after_the_session_ended_is_raised_in_the_reporter() -> None:
+    """As TF1's ``testRequestStopRaisesIfJoined``: once the session that used the
+    coordinator has ended, nothing will re-raise an error reported to it, so
+    ``request_stop`` raises it in the caller (the same object) instead of losing it."""
+    sv = asv.Supervisor(None, handle_signals=False)
+    async with sv.session() as sess:
+        pass
+    late = RuntimeError("a thread that outlived the session failed")
+    with pytest.raises(RuntimeError) as raised:
+        sv.coord.request_stop(late)
+    assert raised.value is late
+    with pytest.raises(RuntimeError) as raised:
+        sess.request_stop(late)  # the session's own face says the same
+    assert raised.value is late
+    sv.coord.request_stop()  # a clean stop has nothing to lose: no error
+    sv.coord.request_stop(StopIteration())
+    errors: list[BaseException] = []
+
+    def outlives_the_session() -> None:
+        try:
+            with sv.coord.stop_on_exception():
+                raise OSError("lost in a thread")
+        except OSError as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=outlives_the_session)
+    thread.start()
+    thread.join()
+    assert [type(e) for e in errors] == [OSError]
+    sv.coord.clear_stop()  # as TF1: the coordinator keeps errors again
+    sv.coord.request_stop(late)
+    assert sv.coord.error is late

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from asupervisor._kinds import JobKind
+from asupervisor._kinds import JobKind, Phase
 from asupervisor._outcome import Outcome, StopReason
 
 ROOT = Path(__file__).parents[1]
@@ -225,3 +225,58 @@ def string_comparisons(tree: ast.AST) -> Iterator[tuple[int, str]]:
 def test_kinds_reasons_and_outcomes_are_compared_only_as_enums(path: Path) -> None:
     found = list(string_comparisons(ast.parse(path.read_text())))
     assert found == [], f"{path.name} compares an enum's value as a string: {found}"
+
+
+def phase_assignments(tree: ast.AST) -> Iterator[tuple[str, int, str]]:
+    """``(function, line, value)`` of every assignment to an attribute named ``phase``."""
+    for fn in ast.walk(tree):
+        if not isinstance(fn, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            continue
+        for node in ast.walk(fn):
+            if isinstance(node, ast.Assign):
+                pairs = [(target, node.value) for target in node.targets]
+            elif isinstance(node, (ast.AugAssign, ast.AnnAssign)) and node.value is not None:
+                pairs = [(node.target, node.value)]
+            else:
+                continue
+            for target, value in pairs:
+                for attr in ast.walk(target):
+                    if isinstance(attr, ast.Attribute) and attr.attr == "phase":
+                        yield fn.name, node.lineno, ast.unparse(value)
+
+
+def test_the_phase_changes_only_through_the_stop_paths_one_guarded_method() -> None:
+    """``StopPath.move`` checks every transition against the machine; nothing else may
+    set a phase (its ``__init__`` sets the first one)."""
+    found = {
+        (path.relative_to(ROOT).as_posix(), fn, value)
+        for path in SOURCES
+        for fn, _, value in phase_assignments(ast.parse(path.read_text()))
+    }
+    stop_path = "asupervisor/_session/stoppath.py"
+    assert found == {(stop_path, "__init__", "Phase.STARTING"), (stop_path, "move", "to")}
+
+
+def test_the_phase_checker_finds_an_assignment() -> None:
+    code = "def close(rt):\n    rt.phase = Phase.CLOSED\n"
+    assert list(phase_assignments(ast.parse(code))) == [("close", 2, "Phase.CLOSED")]
+
+
+@pytest.mark.parametrize(
+    ("path", "wrong"),
+    [
+        ([Phase.RUNNING], Phase.STARTING),
+        ([], Phase.FINISHING),
+        ([Phase.RUNNING, Phase.DRAINING, Phase.CLOSING], Phase.CLOSING),
+        ([Phase.CLOSING, Phase.CLOSED], Phase.RUNNING),
+    ],
+)
+def test_a_wrong_phase_transition_is_an_error_naming_both(path: list[Phase], wrong: Phase) -> None:
+    from asupervisor._session.stoppath import StopPath
+
+    # The transitions need none of the collaborators.
+    stop = StopPath(None, None, None, 1.0, None, None, None)  # type: ignore[arg-type]
+    for phase in path:
+        stop.move(phase)
+    with pytest.raises(RuntimeError, match=f"from {stop.phase.value} to {wrong.value}"):
+        stop.move(wrong)

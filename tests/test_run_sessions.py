@@ -407,3 +407,60 @@ def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
     print(shown)  # the report pastes it
     assert "restarts (3, from asupervisor-ledger.jsonl):" in shown
     assert re.search(r"goodput: \d+\.\d% of [\d.]+ s", shown), shown
+
+
+HUNG_STEP = """
+    import sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    v = tf.Variable(0.0)
+
+    async def main() -> None:
+        # The summary and step-counter services write through the training thread: behind
+        # a hung step they wait too.
+        sv = asv.Supervisor(sys.argv[1], checkpoint={"v": v}, save_model_secs=0,
+                            save_model_steps=5, save_summaries_secs=0.2, heartbeat_secs=0.2,
+                            stop_grace_secs=3)
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                if sess.global_step == 5:
+                    print("hung", flush=True)
+                    await sess.run(time.sleep, 3600)  # a step that never ends
+                await anyio.sleep(0.01)
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_a_hung_step_ends_its_process_within_one_grace_with_its_end_on_record(
+    tmp_path: Path,
+) -> None:
+    """SIGTERM to `asupervisor run --grace 5` over a child whose step hangs, with a 3 s
+    stop grace: the child's session ends stuck within its one grace (the services get
+    no second one), and its ledger says so: the end line was written before the
+    supervisor's SIGKILL could come (a SIGKILLed session has none)."""
+    logdir = tmp_path / "run"
+    script = tmp_path / "hung.py"
+    script.write_text(textwrap.dedent(HUNG_STEP))
+    run = Supervised(
+        "--logdir",
+        str(logdir),
+        "--grace",
+        "5",
+        "--",
+        sys.executable,
+        str(script),
+        str(logdir),
+    )
+    try:
+        run.wait_for(r"^hung")
+        time.sleep(0.5)  # the summary service is queued behind the hung step by now
+        run.proc.send_signal(signal.SIGTERM)
+        code = run.finish()
+    finally:
+        run.proc.kill()
+    assert code == 124, run.output
+    (session,) = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    assert (session.outcome, session.exit_status) == ("stuck", 124), run.output

@@ -2,19 +2,21 @@
 
 from __future__ import annotations
 
+import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
 import pytest
 
 import asupervisor as asv
+from tests import forked
 from tests.conftest import named
 
-pytestmark = pytest.mark.anyio
 
-
+@pytest.mark.anyio
 async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -42,6 +44,7 @@ async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
     assert abandoned["running"] == ["stubborn"]
 
 
+@pytest.mark.anyio
 async def test_a_service_that_blocks_the_loop_is_named(
     events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -62,3 +65,73 @@ async def test_a_service_that_blocks_the_loop_is_named(
     assert stalled["where"].endswith("in blocker")  # the service's own line
     (resumed,) = named(events, "loop.resumed")
     assert resumed["seconds"] >= 0.3
+
+
+SWALLOWS = textwrap.dedent(
+    """
+    import sys
+    import anyio
+    import asupervisor as asv
+
+    async def main():
+        sv = asv.Supervisor(sys.argv[1], save_model_secs=0, save_summaries_secs=0,
+                            stop_grace_secs=0.5)
+
+        @sv.service
+        async def stubborn(sess):
+            while True:  # never ends, whatever is done to it
+                try:
+                    await sess.sleep_until_stop(1)
+                except anyio.get_cancelled_exc_class():
+                    pass  # swallowed: it goes on
+
+        async with sv.session() as sess:
+            await anyio.sleep(0.1)
+        print("after the block", sess.outcome.value, flush=True)
+
+    sys.exit(asv.run(main, backend=sys.argv[2]))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_service_that_swallows_its_cancellation_cannot_keep_the_process_alive(
+    tmp_path: Path, backend: str
+) -> None:
+    # The service alone would never let it end.
+    done = forked.run_script(tmp_path / "swallows.py", SWALLOWS, str(tmp_path / "run"), backend)
+    out, err = done.stdout, done.stderr
+    assert "after the block done" in out, err
+    assert done.returncode == 0, err  # the status of how the training ended: done
+    assert "process.exit_forced" in err and "service:stubborn" in err, err
+
+
+GIVES_UP = textwrap.dedent(
+    """
+    import sys, time
+    import anyio
+    import asupervisor as asv
+
+    async def main():
+        with anyio.move_on_after(0.2):  # a bounded wait, as every wait of a session's close
+            await anyio.to_thread.run_sync(time.sleep, 600, abandon_on_cancel=True)
+        print("main ended", flush=True)
+
+    sys.exit(asv.run(main, backend=sys.argv[1]))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_call_given_up_on_in_a_worker_thread_cannot_keep_the_process_alive(
+    tmp_path: Path, backend: str
+) -> None:
+    """The worker thread still runs the call; the interpreter's exit would wait for it
+    (asyncio's are not daemons): asv.run ends the process, with main's status."""
+    # The call alone would hold it for 600 s.
+    done = forked.run_script(tmp_path / "gives_up.py", GIVES_UP, backend)
+    assert "main ended" in done.stdout and done.returncode == 0, done.stderr
+    if backend == "asyncio":
+        assert "process.exit_forced" in done.stderr and "thread:AnyIO" in done.stderr

@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import textwrap
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -234,3 +235,139 @@ async def test_overlapping_sessions_with_different_stop_signals_put_every_handle
 def test_stop_signals_are_checked_at_construction(value: Any) -> None:
     with pytest.raises(ValueError, match="stop_signals"):
         asv.Supervisor(None, stop_signals=value)
+
+
+AROUND_A_SESSION = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    logdir, backend, when = sys.argv[1:4]
+    v = tf.Variable(0.0)
+
+
+    class SignalledDuringTheFinalSave(asv.Hook):
+        def end(self, session):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.3)  # the signal arrives while the hooks' end and the final save run
+
+
+    async def main():
+        if when == "before":
+            os.kill(os.getpid(), signal.SIGTERM)
+            await anyio.sleep(60)  # the program's own preparation, before any session
+            print("prepared", flush=True)
+        if when == "twice_before":
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.3)  # preparation that never awaits: the first one waits for it
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(30)
+            print("prepared", flush=True)
+        hooks = [StopAtStepHook(last_step=3 if when != "unhandled" else 1000)]
+        if when == "during_the_final_save":
+            hooks.append(SignalledDuringTheFinalSave())
+        sv = asv.Supervisor(logdir, checkpoint={"v": v}, hooks=hooks, save_model_secs=0,
+                            save_model_steps=100, save_summaries_secs=0,
+                            handle_signals=when != "unhandled")
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                if when == "unhandled" and sess.global_step == 3:
+                    os.kill(os.getpid(), signal.SIGTERM)
+        print("after the block", sess.outcome.value, flush=True)
+
+    sys.exit(asv.run(main, backend=backend))
+    """
+)
+
+
+def around_a_session(tmp_path: Path, backend: str, when: str) -> subprocess.CompletedProcess[str]:
+    path, logdir = tmp_path / "around.py", str(tmp_path / "run")
+    return forked.run_script(path, AROUND_A_SESSION, logdir, backend, when)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_sigterm_during_the_final_save_waits_for_it_and_the_program_goes_on(
+    tmp_path: Path, backend: str
+) -> None:
+    done = around_a_session(tmp_path, backend, "during_the_final_save")
+    # Not killed by the signal handed on (143): the save finished, the code after the
+    # block ran, and the run ends preempted (run it again: it ends at once, done).
+    assert done.returncode == 42, done.stderr[-3000:]
+    assert "after the block preempted" in done.stdout
+    assert tf.train.latest_checkpoint(str(tmp_path / "run")).endswith("model.ckpt-3")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_stop_signal_before_the_session_ends_the_program_preempted(
+    tmp_path: Path, backend: str
+) -> None:
+    done = around_a_session(tmp_path, backend, "before")
+    assert done.returncode == 42, done.stderr[-3000:]  # not killed (143): preempted
+    assert "prepared" not in done.stdout and "after the block" not in done.stdout
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_session_that_handles_no_signals_is_preempted_at_once_under_asv_run(
+    tmp_path: Path, backend: str
+) -> None:
+    """``handle_signals=False``: SIGTERM is the program's, and asv.run's cancels it (no
+    final save, the session's ending says so)."""
+    done = around_a_session(tmp_path, backend, "unhandled")
+    assert done.returncode == 42, done.stderr[-3000:]  # not killed (143)
+    assert "after the block" not in done.stdout
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.store import Store
+
+    (session,) = _ledger.sessions(_ledger.read(Store(str(tmp_path / "run"))))
+    assert (session.outcome, session.exit_status) == ("preempted", 42)
+
+
+@pytest.mark.asyncio
+async def test_a_handler_installed_over_the_programs_listener_comes_back_after_a_session(
+    logdir: str, pair: Pair
+) -> None:
+    """Under asv.run the program listens for SIGTERM; a handler the application installs
+    over it is its own choice: a session still stops on SIGTERM, and that handler is
+    back after the session, then after the program."""
+    from asupervisor._session.signals import SignalListener
+
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers are installed only in the main thread")
+    original = signal.getsignal(signal.SIGTERM)
+    heard: list[str] = []
+    program = SignalListener(lambda call: call(), heard.append, heard.append, fallback=True)
+    received: list[int] = []
+    try:
+        assert program.install()
+        signal.signal(signal.SIGTERM, lambda signum, frame: received.append(signum))
+        users = signal.getsignal(signal.SIGTERM)
+        sv = pair_supervisor(logdir, pair, handle_signals=True)
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(pair.step)
+                if sess.global_step == 2:
+                    os.kill(os.getpid(), signal.SIGTERM)
+                await anyio.sleep(0)
+        assert sess.outcome is asv.Outcome.PREEMPTED and received == [] and heard == []
+        assert signal.getsignal(signal.SIGTERM) is users
+        program.restore()
+        assert signal.getsignal(signal.SIGTERM) is users
+    finally:
+        program.restore()
+        signal.signal(signal.SIGTERM, original)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_second_sigint_outside_a_session_interrupts_the_program_at_once(
+    tmp_path: Path, backend: str
+) -> None:
+    done = around_a_session(tmp_path, backend, "twice_before")
+    assert done.returncode == 130, done.stderr[-3000:]
+    assert "KeyboardInterrupt" in done.stderr and "prepared" not in done.stdout

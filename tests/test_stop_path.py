@@ -386,3 +386,34 @@ async def test_a_service_that_raises_a_base_exception_ends_the_session_with_that
                 await sess.run(pair.step)
                 await anyio.sleep(0.001)
     assert caught.value is raised  # the object itself, not wrapped in a group
+
+
+async def test_a_hung_step_stops_within_one_grace_services_included(
+    events: list[dict[str, Any]],
+) -> None:
+    """The grace is one deadline: a step that outlives it leaves none of it to the services
+    (here one waits on the training thread behind the hung step, as the summary and
+    step-counter services do), and the session ends at once."""
+    grace = 3.0
+    sv = asv.Supervisor(None, stop_grace_secs=grace, save_summaries_secs=0, handle_signals=False)
+    finished = threading.Event()
+
+    @sv.service
+    async def behind_the_step(sess: asv.ManagedSession) -> None:
+        while True:
+            await sess.call(lambda: None)  # queued behind the hung step
+            await anyio.sleep(0.01)
+
+    def hangs(sess: asv.ManagedSession) -> None:
+        sess.request_stop()  # the stop comes while this step runs
+        time.sleep(grace + 2)  # longer than one grace, shorter than two
+        finished.set()
+
+    with pytest.raises(asv.GracePeriodExpired):
+        async with sv.session() as sess:
+            await sess.run(hangs, sess)
+    # Bound by what happened: the session ended (its services cancelled) while the step
+    # that outlived the grace was still running.
+    assert not finished.is_set(), "the services were given a second grace"
+    (stuck,) = named(events, "session.step_stuck")
+    assert stuck["job"].endswith("<locals>.hangs")

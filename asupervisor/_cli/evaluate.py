@@ -144,7 +144,7 @@ def main(args: argparse.Namespace) -> int:
 
     import anyio
 
-    from .._outcome import Outcome, is_permanent
+    from .. import _exit
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
@@ -164,21 +164,19 @@ def main(args: argparse.Namespace) -> int:
             backlog=args.backlog,
         )
         anyio.run(_run, evaluator, args, stopped_by)
-    except KeyboardInterrupt:
-        return Outcome.INTERRUPTED.exit_status
-    except Exception as exc:
+    except (KeyboardInterrupt, Exception) as exc:
         error = _leaf(exc)
-        print(f"asupervisor evaluate: error: {type(error).__name__}: {error}", file=sys.stderr)
-        outcome = Outcome.FAILED_PERMANENTLY if is_permanent(error) else Outcome.FAILED
-        return outcome.exit_status
+        if not isinstance(error, KeyboardInterrupt):
+            print(f"asupervisor evaluate: error: {type(error).__name__}: {error}", file=sys.stderr)
+        return _exit.status_of(error)
     if len(stopped_by) > 1:
         # Stop now: the evaluation in flight runs in a worker thread that the interpreter's
         # exit would wait for. Nothing is lost: the files are written whole, and that
         # evaluation was not recorded, so the next run does it.
         sys.stdout.flush()
         sys.stderr.flush()
-        os._exit(Outcome.INTERRUPTED.exit_status)
-    return (Outcome.PREEMPTED if stopped_by else Outcome.DONE).exit_status
+        os._exit(_exit.status_of(KeyboardInterrupt()))
+    return _exit.status_of(None, signalled=stopped_by[0] if stopped_by else None)
 
 
 def _leaf(error: BaseException) -> BaseException:

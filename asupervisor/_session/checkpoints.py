@@ -55,7 +55,7 @@ class SessionCheckpoints:
         events: EventsFile,
         session: ManagedSession,
         flag: StopFlag,
-        request_stop: Callable[[BaseException | None, StopReason], None],
+        request_stop: Callable[[BaseException | None, StopReason], object],
     ) -> None:
         self.sv = sv  # configuration only: read, never written
         self.thread, self.step, self.stepper = thread, step, stepper

@@ -7,6 +7,11 @@ as in TF1: taken before a session (a thread, ``sv.loop``, a hook that keeps it),
 is the coordinator of every session that follows. While a session runs,
 ``request_stop`` goes through that session's one stop path (in a multi-worker job it
 stops every worker); each session starts with the stop cleared.
+
+Once a session's ending is decided, nothing will re-raise an error reported to its
+coordinator: as TF1's coordinator once joined, ``request_stop(exc)`` then raises ``exc``
+in the caller (a thread that outlives the session does not lose its error), until
+``clear_stop`` or the next session.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ class Coordinator:
             )
         self._clean = clean_stop_exception_types
         self._flag = StopFlag()
+        # While a session runs: its stop path (which raises an error it can no longer take).
         self._route: Callable[[BaseException | None], None] | None = None
 
     @property
@@ -68,21 +74,24 @@ class Coordinator:
         return self._flag.stopped
 
     def request_stop(self, exc: BaseException | ExcInfo | None = None) -> None:
-        """Ask everything to stop; ``exc`` (an exception or exc_info) is the cause."""
+        """Ask everything to stop; ``exc`` (an exception or exc_info) is the cause. After
+        the session that used this coordinator has ended, an error is raised here instead
+        (nothing would re-raise it), until ``clear_stop``."""
         error = as_exception(exc)
         if self._route is not None:
             self._route(error)
         elif error is not None and isinstance(error, self.clean_stop_exception_types):
             self._flag.set(None, StopReason.END_OF_DATA)
-        else:
-            self._flag.set(error, StopReason.REQUESTED)
+        elif not self._flag.set(error, StopReason.REQUESTED) and error is not None:
+            raise error
 
     async def wait_for_stop(self, timeout: float | None = None) -> bool:
         """Wait until a stop is requested; ``False`` if ``timeout`` seconds passed first."""
         return await self._flag.wait(timeout)
 
     def clear_stop(self) -> None:
-        """Forget the stop request and the error, so the coordinator can be used again."""
+        """Forget the stop request and the error, so the coordinator can be used again
+        (errors are kept again, also after a session has ended)."""
         self._flag.clear()
 
     @contextlib.contextmanager

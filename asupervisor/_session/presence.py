@@ -37,7 +37,7 @@ from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
 from .._logdir.history import read_history
 from .._logdir.store import Store
-from .._outcome import Outcome
+from .._outcome import Ending
 from .services import spawn
 
 if TYPE_CHECKING:
@@ -72,7 +72,7 @@ class Presence:
         self._started_at = time.time()
         self._seen: tuple[int, float] | None = None  # (step, when it was first seen)
         self._pending: list[dict[str, Any]] = []  # ledger lines not written yet
-        self._final: Outcome | None = None
+        self._final: Ending | None = None
         self._lock = anyio.Lock()
         self._wake = anyio.Event()
         self._scope = anyio.CancelScope()
@@ -119,11 +119,13 @@ class Presence:
         )
         self._wake.set()
 
-    async def close(self, outcome: Outcome, wait: float, **end: Any) -> None:
-        """The session ends with ``outcome``: its last beat and its ``end`` line, written
-        before the logdir's lock is released, waiting at most ``wait`` seconds."""
+    async def close(self, ending: Ending, wait: float) -> None:
+        """The session has ended so: its last beat and its ``end`` line (the same outcome
+        and exit status), written before the logdir's lock is released, waiting at most
+        ``wait`` seconds."""
         self._scope.cancel()
-        self._final = outcome
+        self._final = ending
+        error = ending.error
         self._observe()  # the final save's commit, in the end line and on the channel
         self._pending.append(
             {
@@ -133,11 +135,18 @@ class Presence:
                 "ended": _now_iso(),
                 "host": self._host,
                 "pid": os.getpid(),
-                "outcome": outcome.value,
-                "exit_status": outcome.exit_status,
+                "outcome": ending.outcome.value,
+                "exit_status": ending.exit_status,
+                "step": ending.step,
+                "reason": str(ending.reason),
+                "error": None if error is None else f"{type(error).__name__}: {error}",
+                "unsaved_steps": ending.unsaved_steps,
+                "stuck_job": ending.stuck_job,
+                "signal": ending.signal,
+                "signal_phase": None if ending.signal_phase is None else ending.signal_phase.value,
+                "abandoned_services": list(ending.abandoned),
                 "committed_step": None if self._committed is None else self._committed[0],
                 "committed_at": None if self._committed is None else self._committed[1],
-                **end,
             }
         )
         if not self._running:
@@ -222,7 +231,7 @@ class Presence:
             session=self.session_id,
             chief=rt.sv.is_chief,
             worker=None if rt.sv.role is None else rt.sv.role.name,
-            phase=Phase.CLOSED if final is not None else rt.phase,  # the last beat
+            phase=Phase.CLOSED if final is not None else rt.stop.phase,  # the last beat
             first_step_done=rt.stepper.first_done is not None,
             step=step,
             restored_step=rt.restore_report.step if rt.ready else None,
@@ -234,7 +243,7 @@ class Presence:
             last_step_at=self._seen[1],
             last_commit_step=None if checkpointer is None else checkpointer.last_saved_step,
             last_commit_at=None if checkpointer is None else wall(checkpointer.last_saved_at),
-            outcome=final,
+            outcome=None if final is None else final.outcome,
             exit_status=None if final is None else final.exit_status,
         )
 

@@ -5,32 +5,30 @@ checkpointer, the logdir lock, the cluster agreement, the data position, the
 checkpoint's root and the hooks' calls belong to one runtime; nothing of a session
 outlives it or acts on a later one, and no other module sets its fields: start-up
 and shutdown (``_startup``, ``_shutdown``) hand what they found to its methods.
-The stop path is the state machine in ``_stopping`` (drawn in
-``docs/ARCHITECTURE.md``); ``request_stop`` is its one entry.
+The stop path (its phases, the one grace, the ending) is a ``StopPath`` of its own
+(``stoppath.py``, drawn in ``docs/ARCHITECTURE.md``); ``request_stop`` is its one entry.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
-import time
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 import anyio
 
+from .. import _exit
 from .._checkpointing.checkpointer import Checkpointer, RestoreReport
 from .._checkpointing.root import SavedRoot
 from .._errors import (
     SessionClosed,
     SessionStopped,
-    StepTimeout,
 )
 from .._kinds import JobKind, Phase, RestoreSource
 from .._log import log
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
-from .._outcome import Outcome, StopReason, is_permanent, reason_of
+from .._outcome import Outcome, StopReason, reason_of
 from .._training.kept_state import KeptState, key_of
 from .._training.position import Position
 from .._training.session_summaries import SessionSummaries
@@ -44,18 +42,14 @@ from .loopwatch import LoopWatch
 from .presence import Presence
 from .services import Registration, ServiceGroup
 from .signals import SignalListener
-from .stopping import end_of_data_error, end_of_data_types
-
-if sys.version_info < (3, 11):  # pragma: no cover
-    from exceptiongroup import BaseExceptionGroup
+from .stoppath import StopPath
+from .stopping import describe_error, end_of_data_error, end_of_data_types
 
 if TYPE_CHECKING:
     from .._cluster import Agreement
     from .._supervisor import Supervisor
     from .coordinator import SessionCoordinator
     from .managed import ManagedSession
-
-POLL_SECS = 0.05  # how often the grace watcher looks at the job in flight
 
 
 class SessionRuntime:
@@ -69,7 +63,6 @@ class SessionRuntime:
         self.sv = sv  # configuration only: read, never written
         self.coord = coord
         self.flag = coord.open_session(self.report_stop)
-        self.phase = Phase.STARTING
         self.caller = loop_caller()
         self.thread = TrainingThread(self.caller)
         self.lock: LogdirLock | LeaseLock | None = None
@@ -80,12 +73,7 @@ class SessionRuntime:
         self.events = EventsFile(own, given)
         self.agreement: Agreement | None = None
         self.signals: SignalListener | None = None
-        self.late_signals: list[int] = []  # came while stopping: handed on afterwards
-        self.interrupted = False  # a second SIGINT: stop at once
-        self.cancelled: BaseException | None = None  # cancellation from outside the session
-        self.stuck: str | None = None  # the work still running after the grace period
         self.ready = False  # restored (or initialized): the state is the run's own
-        self.scopes: list[anyio.CancelScope] = []  # what a hard stop cancels
         self.session: ManagedSession = ManagedSession(self)
         self.services = ServiceGroup(self.session, self.fail)
         self.step = GlobalStep(sv.global_step, sv.owns_global_step)
@@ -106,7 +94,15 @@ class SessionRuntime:
             self, self.step, sv.hooks, self.summaries, save_steps, summary_steps, save_secs
         )
         self.restore_report = RestoreReport(RestoreSource.FRESH, None, 0)
-        self.drain_started: float | None = None
+        self.stop = StopPath(
+            self.flag,
+            self.thread,
+            self.services,
+            sv.stop_grace_secs,
+            self.request_stop,
+            lambda: self.step.value,
+            _exit.outside_signal,
+        )
         self.loopwatch = LoopWatch(self.caller)
         self.presence = Presence(self)  # the heartbeat and the ledger
         self.checkpoints = SessionCheckpoints(
@@ -133,9 +129,6 @@ class SessionRuntime:
         self.checkpoints.joined(agreement)
         agreement.start()
 
-    def enter(self, phase: Phase) -> None:
-        self.phase = phase
-
     def began(self, report: RestoreReport, deferred: tuple[str, str] | None) -> None:
         """Training thread: restored (or initialized); the state is the run's own now."""
         self.restore_report = report
@@ -155,31 +148,41 @@ class SessionRuntime:
 
     def request_stop(
         self, error: BaseException | None = None, reason: StopReason | str = StopReason.REQUESTED
-    ) -> None:
+    ) -> bool:
         """Every stop goes through here, from any thread (``error``: already classified;
         ``None`` is a clean stop). In a multi-worker job a clean stop is proposed to every
         worker (all stop after the same step), except a step limit, which every worker
-        reaches at the same step by itself."""
+        reaches at the same step by itself. ``False`` once the session's ending is
+        decided: it takes nothing more."""
         if error is None and self.agreement is not None and reason is not StopReason.STEP_LIMIT:
             if self.thread.on_thread():
                 self.propose_stop(str(reason))
             else:
                 self.thread.submit(Job(self.propose_stop, (str(reason),), kind=JobKind.INTERNAL))
-            return
-        self.flag.set(error, reason)
+            return True
+        return self.flag.set(error, reason)
 
     def report_stop(
         self, exc: BaseException | None, reason: StopReason | str = StopReason.REQUESTED
     ) -> None:
         """A stop asked for through the public API (``sess.request_stop``, ``sv.coord``):
-        an error that says the data ran out is a clean stop."""
+        an error that says the data ran out is a clean stop. An error that comes after
+        the session's ending was decided is raised here: nothing else would raise it."""
         if exc is not None and isinstance(exc, end_of_data_types()):
             exc, reason = None, StopReason.END_OF_DATA
-        self.request_stop(exc, reason)
+        if not self.request_stop(exc, reason) and exc is not None:
+            raise exc
 
     def fail(self, error: BaseException) -> None:
-        """An error whatever its type (a failed service, a lost worker, a failed write)."""
-        self.flag.set(error, StopReason.EXCEPTION)
+        """An error whatever its type (a failed service, a lost worker, a failed write);
+        logged when it comes after the session's ending was decided."""
+        if not self.flag.set(error, StopReason.EXCEPTION):
+            with contextlib.suppress(Exception):
+                log.warning(
+                    "stop.error_dropped",
+                    error=describe_error(error),
+                    first=describe_error(self.flag.error),
+                )
 
     def propose_stop(self, reason: str) -> None:
         """On the training thread, at a step boundary: every worker stops after the next step."""
@@ -258,23 +261,14 @@ class SessionRuntime:
     # -- how it ended ----------------------------------------------------------------
 
     @property
+    def phase(self) -> Phase:
+        return self.stop.phase
+
+    @property
     def outcome(self) -> Outcome | None:
         """How the session ended (``None`` until it has closed)."""
-        if self.phase is not Phase.CLOSED:
-            return None
-        return self.ending()
-
-    def ending(self) -> Outcome:
-        """How the session ends, as far as is known now (final once it has closed: the
-        close path writes it into the heartbeat and the ledger before the lock goes)."""
-        error = self.flag.error
-        if self.interrupted or self.cancelled is not None:
-            return Outcome.INTERRUPTED
-        if self.stuck is not None or isinstance(error, StepTimeout):
-            return Outcome.STUCK
-        if error is not None:
-            return Outcome.FAILED_PERMANENTLY if is_permanent(error) else Outcome.FAILED
-        return Outcome.PREEMPTED if self.flag.reason is StopReason.SIGNAL else Outcome.DONE
+        ending = self.stop.ending
+        return ending.outcome if ending is not None and self.phase is Phase.CLOSED else None
 
     # -- the session's life -----------------------------------------------------------
 
@@ -282,12 +276,13 @@ class SessionRuntime:
     async def running(
         self, wait: bool, max_wait_secs: float, services: list[Registration]
     ) -> AsyncIterator[Any]:
+        stop = self.stop
         self.thread.start()
         self.loopwatch.start()
         self.presence.start()
         if self.sv.handle_signals:
             self.signals = SignalListener(
-                self.caller, self._on_signal, self._on_interrupt, self.sv.stop_signals
+                self.caller, stop.signalled, stop.interrupt, self.sv.stop_signals
             )
             if not self.signals.install():
                 log.info("signals.not_handled", reason="the session is not in the main thread")
@@ -295,34 +290,32 @@ class SessionRuntime:
             self.restore_report = await _startup.start(self, wait, max_wait_secs)
             self.presence.started(self.restore_report)
             async with anyio.create_task_group() as tg:
-                self.scopes.append(tg.cancel_scope)
+                stop.cancels(tg.cancel_scope)
                 self.services.open()
                 for reg in services:
                     self.start_service(reg)
-                self.phase = Phase.RUNNING
+                stop.move(Phase.RUNNING)
                 try:
                     with anyio.CancelScope() as body:
-                        self.scopes.append(body)
+                        stop.cancels(body)
                         self.flag.bind(self.caller, body.cancel)
-                        tg.start_soon(self._watch_grace, body, name="grace-watcher")
+                        tg.start_soon(stop.watch_grace, body, name="grace-watcher")
                         yield self.session
                 except BaseException as exc:  # the body's own error, or an outside cancellation
-                    self._body_raised(exc)
+                    stop.body_raised(exc)
                 with anyio.CancelScope(shield=True) as stopping:
-                    self.scopes.append(stopping)
-                    if not self.interrupted:
-                        await self._stop()
+                    stop.cancels(stopping)
+                    if not stop.interrupted:
+                        started = self.restore_report.source is not RestoreSource.INTERRUPTED
+                        await stop.stop(started=started, ready=self.ready, finish=self._finish)
                 tg.cancel_scope.cancel()
         except BaseException as exc:
-            if self.phase is not Phase.STARTING:
+            if stop.phase is not Phase.STARTING:
                 raise
-            if isinstance(exc, Exception):  # start-up failed: that is the outcome
-                self.fail(exc)
-            else:
-                self.cancelled = exc
+            stop.start_failed(exc)  # start-up failed or was cancelled: that is the outcome
         finally:
             with anyio.CancelScope(shield=True):
-                await self._cancel_services()
+                await stop.close_services()
                 await _shutdown.close(self)
         _shutdown.raise_outcome(self)
 
@@ -333,141 +326,18 @@ class SessionRuntime:
         self.kept.track_one("services", key, reg.service)
         self.services.start(reg)
 
-    # -- signals --------------------------------------------------------------------
-
-    def _on_signal(self, name: str) -> None:
-        """On the loop: SIGTERM or a first SIGINT asks for a graceful stop. The stop is
-        requested before anything that can fail (a log call into a closed pipe)."""
-        if self.flag.stopped and self.phase is not Phase.RUNNING:
-            import signal
-
-            self.late_signals.append(signal.Signals[name].value)
-            return
-        self.request_stop(None, StopReason.SIGNAL)
-        with contextlib.suppress(Exception):
-            log.warning("signal.received", signal=name, action="graceful stop")
-
-    def _on_interrupt(self, name: str) -> None:
-        """On the loop: a second SIGINT stops at once; no final save, nothing awaited."""
-        self.interrupted = True
-        self.flag.set(None, StopReason.SIGNAL)
-        for scope in self.scopes:
-            scope.cancel()
-        self.services.cancel()
-        with contextlib.suppress(Exception):
-            log.warning("signal.received", signal=name, action="stop at once")
-
-    # -- stop -----------------------------------------------------------------------
-
-    def _body_raised(self, exc: BaseException) -> None:
-        """What the body left with: a cancellation from outside, a clean end (the stop's
-        ``SessionStopped``, the end of the data, also inside the body's own task
-        groups), or an error, kept as the very object raised."""
-        cancelled = anyio.get_cancelled_exc_class()
-        leaves = _leaves(exc)
-        if isinstance(exc, cancelled):
-            # Our own cancellation of the body never gets here (its scope absorbs it).
-            self.cancelled = exc
-            self.flag.set(None, StopReason.REQUESTED)
-        elif all(isinstance(e, (SessionStopped, cancelled, *end_of_data_types())) for e in leaves):
-            ended = any(isinstance(e, end_of_data_types()) for e in leaves)
-            self.flag.set(None, StopReason.END_OF_DATA if ended else StopReason.REQUESTED)
-        elif all(isinstance(e, Exception) for e in leaves):
-            self.flag.set(exc, StopReason.EXCEPTION)
-        else:  # KeyboardInterrupt, SystemExit: not ours to swallow
-            self.cancelled = exc
-            self.flag.set(None, StopReason.REQUESTED)
-
-    def grace_left(self) -> float:
-        """Seconds left of the grace period, which began when draining began."""
-        started = self.drain_started
-        grace = self.sv.stop_grace_secs
-        return grace if started is None else max(0.0, started + grace - time.monotonic())
-
-    def _report_stuck(self, name: str) -> None:
-        self.stuck = name
-        log.error(
-            "session.step_stuck",
-            step=self.step.value,
-            job=name,
-            grace_secs=self.sv.stop_grace_secs,
-        )
-
-    async def _watch_grace(self, body: anyio.CancelScope) -> None:
-        """While the body runs: work on the training thread that was under way (or queued)
-        when the stop came gets ``stop_grace_secs`` from then, or is given up on. Work the
-        body starts after the stop is the body's own business."""
-        await self.flag.wait()
-        stopped_at = self.flag.stopped_at or time.monotonic()
-        grace = self.sv.stop_grace_secs
-        while self.phase is Phase.RUNNING and not body.cancel_called:
-            flight = self.thread.in_flight()
-            if flight is not None:
-                job = flight.job
-                if job.kind is not JobKind.HOLD and job.submitted_at <= stopped_at:
-                    if time.monotonic() - max(flight.started_at, stopped_at) >= grace:
-                        self._report_stuck(job.name)
-                        body.cancel()
-                        return
-            await anyio.sleep(min(POLL_SECS, max(grace / 4, 0.005)))
-
-    async def _drain(self) -> bool:
-        """Wait, at most the grace period, until the training thread is idle."""
-        if self.stuck is not None:
-            return False
-        if self.thread.idle():
-            return True
-        with anyio.move_on_after(self.grace_left()):
-            with contextlib.suppress(SessionClosed):
-                await self.thread.run_job(Job(_nothing, kind=JobKind.INTERNAL))
-            return True
-        flight = self.thread.in_flight()
-        self._report_stuck(flight.job.name if flight else "a training-thread job")
-        return False
-
-    async def _stop(self) -> None:
-        self.flag.set(None, StopReason.REQUESTED)
-        self.phase, self.drain_started = Phase.DRAINING, time.monotonic()
-        # A stop during start-up: nothing has trained, so nothing is waited for or saved.
-        started = self.restore_report.source is not RestoreSource.INTERRUPTED
-        idle = started and await self._drain()
-        clean = self.cancelled is None and self.flag.error is None
-        if idle and clean and self.ready:
-            self.phase = Phase.FINISHING
-            await self._finish()
-        self.phase = Phase.CLOSING
-        if not await self.services.wait(self.grace_left()):
-            log.warning(
-                "service.cancelled",
-                running=self.services.running,
-                grace_secs=self.sv.stop_grace_secs,
-            )
-
-    async def _cancel_services(self) -> None:
-        """Services still running now are cancelled; one that goes on after its
-        cancellation is left behind (it can do nothing to this session any more)."""
-        self.services.cancel()
-        if not await self.services.wait(0 if self.interrupted else max(self.grace_left(), 0.1)):
-            log.error("service.abandoned", running=self.services.running)
-
     async def _finish(self) -> None:
-        """After a clean stop: hooks' end and the final save, bounded by the grace period
-        (0: not bounded; the in-flight work was not waited for, the final save is)."""
-        grace = self.sv.stop_grace_secs
-        with anyio.move_on_after(grace if grace > 0 else None) as timer:
-            try:
-                job = Job(self._finish_on_thread, kind=JobKind.INTERNAL)
-                await self.thread.run_job(job)
-            except Exception as exc:
-                self.fail(exc)
-            agreement = self.agreement
-            if agreement is not None and self.flag.error is None:
-                agreement.finishing()
-                await anyio.to_thread.run_sync(
-                    agreement.finish_together, max(self.grace_left(), 1.0)
-                )
-        if timer.cancelled_caught:
-            self._report_stuck("the hooks' end and the final checkpoint")
+        """After a clean stop: the hooks' end and the final save on the training thread
+        (the stop path bounds it by the grace); in a multi-worker job every worker
+        finishes together."""
+        try:
+            await self.thread.run_job(Job(self._finish_on_thread, kind=JobKind.INTERNAL))
+        except Exception as exc:
+            self.fail(exc)
+        agreement = self.agreement
+        if agreement is not None and self.flag.error is None:
+            agreement.finishing()
+            await anyio.to_thread.run_sync(agreement.finish_together, max(self.stop.left(), 1.0))
 
     def _finish_on_thread(self) -> None:
         for hook in self.sv.hooks:
@@ -477,14 +347,3 @@ class SessionRuntime:
         if self.checkpointer is not None:
             self.checkpointer.wait_for_write()  # the final save is on disk when we return
             self.after_step()
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """The exceptions inside (nested) exception groups; an ordinary one is its own leaf."""
-    if isinstance(exc, BaseExceptionGroup):
-        return [leaf for inner in exc.exceptions for leaf in _leaves(inner)]
-    return [exc]
-
-
-def _nothing() -> None:
-    return None

@@ -174,6 +174,8 @@ class ServiceGroup:
 
     async def wait(self, timeout: float | None) -> bool:
         """Wait until every service has ended; ``False`` if ``timeout`` ran out first."""
+        if self._idle.is_set():
+            return True  # also with no time left: nothing runs to wait for
         with anyio.move_on_after(timeout):
             await self._idle.wait()
             return True

@@ -1,9 +1,11 @@
-"""A session's end: close what it opened, off the event loop and bounded, then raise
-what it ended with.
+"""A session's end: close what it opened, off the event loop and bounded, decide how it
+ended (once: its ``Ending``), record that, then raise what it ended with.
 
-The events file, the cluster agreement, the checkpoint writer and the training
-thread are closed in worker threads, each waited for at most what is left of the
-grace period; the logdir lock goes last, once nothing of the session can write.
+The checkpoint writer, the events file, the cluster agreement and the training thread
+are closed in worker threads, each waited for at most what is left of the grace period
+(a moment once it has passed); the ledger line and the last beat are written while the
+session still holds the logdir, and its lock goes last, once nothing of the session can
+write.
 """
 
 from __future__ import annotations
@@ -15,10 +17,8 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .. import _exit
-from .._errors import GracePeriodExpired, StepTimeout
-from .._kinds import Phase
 from .._log import log
-from .signals import redeliver
+from .signals import hand_on
 from .stopping import describe_error
 
 if TYPE_CHECKING:
@@ -28,51 +28,53 @@ if TYPE_CHECKING:
 async def close(rt: SessionRuntime) -> None:
     """Close what the session opened, off the event loop and bounded; the lock goes
     last, once nothing of the session can still write."""
-    rt.enter(Phase.CLOSING)
+    stop = rt.stop
     rt.flag.unbind()
     rt.services.close()  # no service starts in a session that is over
     if rt.signals is not None:
-        rt.signals.restore()
+        rt.signals.restore()  # from here on a signal is the program's, not this session's
     rt.loopwatch.stop()
     rt.thread.stop()  # jobs still queued are dropped; a running one is fenced
-    wait = 0.0 if rt.interrupted else max(rt.grace_left(), 0.1)
-    lost = await _off_loop(rt.events.close, wait)
+    # The last events: written (or said lost) before the ending is decided, which seals
+    # the stop flag: a failure reported after it could only be logged.
+    lost = await _off_loop(rt.events.close, stop.closing())
     if lost is not None:  # the last events could not be written: said, not lost silently
         rt.fail(lost)
-    if rt.agreement is not None:
-        await _off_loop(rt.agreement.close, wait)
     checkpointer = rt.checkpointer
     if checkpointer is not None:
-        done = await _off_loop(checkpointer.wait_for_write, wait, wait)
-        if not done and rt.flag.error is None:
-            log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
+        if not stop.interrupted:
+            done = await _off_loop(checkpointer.wait_for_write, stop.closing(), stop.closing())
+            if not done and rt.flag.error is None:
+                log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
         rt.checkpoints.saves_done(hooks=False)  # on disk now: not counted as lost
-    # The last beat and the ledger's end line, while this session still holds the logdir.
-    await rt.presence.close(
-        rt.ending(),
-        wait,
+    ending = stop.end(
         step=rt.step.value,
-        reason=str(rt.flag.reason),
-        error=describe_error(rt.flag.error),
         unsaved_steps=unsaved_steps(rt),
+        last_saved_step=None if checkpointer is None else checkpointer.last_saved_step,
     )
-    await _off_loop(rt.guard.close, wait)  # an object store's lease: I/O, off the loop
-    if rt.stuck is None and not rt.interrupted:
-        await _off_loop(rt.thread.join, wait, wait)
+    _exit.ended(ending)
+    # The last beat and the ledger's end line, while this session still holds the logdir.
+    await rt.presence.close(ending, stop.recording())
+    if rt.agreement is not None:
+        await _off_loop(rt.agreement.close, stop.closing())
+    await _off_loop(rt.guard.close, stop.closing())  # an object store's lease: I/O, off the loop
+    if stop.stuck is None and not stop.interrupted:
+        await _off_loop(rt.thread.join, stop.closing(), stop.closing())
     rt.coord.close_session()
-    rt.enter(Phase.CLOSED)
-    if rt.outcome is not None:
-        _exit.ended(rt.outcome, rt.flag.error)
+    stop.closed()
+    # Stop signals that came while it stopped: for a handler of the application's own.
+    hand_on(stop.late_signals)
     with contextlib.suppress(Exception):
-        outcome = rt.outcome
         log.info(
             "session.stopped",
-            step=rt.step.value,
-            reason=str(rt.flag.reason),
-            outcome=None if outcome is None else outcome.value,
-            error=describe_error(rt.flag.error),
-            stuck_step=rt.stuck,
-            unsaved_steps=unsaved_steps(rt),
+            step=ending.step,
+            reason=str(ending.reason),
+            outcome=ending.outcome.value,
+            exit_status=ending.exit_status,
+            error=describe_error(ending.error),
+            stuck_step=ending.stuck_job,
+            unsaved_steps=ending.unsaved_steps,
+            signal=ending.signal,
         )
 
 
@@ -82,25 +84,10 @@ def unsaved_steps(rt: SessionRuntime) -> int:
 
 
 def raise_outcome(rt: SessionRuntime) -> None:
-    redeliver(rt.late_signals)
-    unsaved = unsaved_steps(rt)
-    checkpointer = rt.checkpointer
-    last = None if checkpointer is None else checkpointer.last_saved_step
-    lost = f"{unsaved} step(s) since the last checkpoint (step {last}) were not saved"
-    if rt.interrupted:
-        raise KeyboardInterrupt(f"a second SIGINT: stopped at once; {lost}")
-    if rt.cancelled is not None:
-        raise rt.cancelled
-    error: Any = rt.flag.error
-    if rt.stuck is not None and not isinstance(error, StepTimeout):
-        raise GracePeriodExpired(
-            f"{rt.stuck!r} was still running {rt.sv.stop_grace_secs} s "
-            f"(stop_grace_secs) after the stop; no final checkpoint was written: {lost}"
-        ) from error
-    if error is not None:
-        if unsaved and hasattr(error, "add_note"):
-            error.add_note(f"asupervisor: {lost}")
-        raise error
+    """Raise what the session's ending says it raises (nothing for a clean end)."""
+    ending = rt.stop.ending
+    if ending is not None and ending.raised is not None:
+        raise ending.raised
 
 
 async def _off_loop(fn: Callable[..., Any], timeout: float, *args: Any) -> Any:

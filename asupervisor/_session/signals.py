@@ -9,9 +9,19 @@ only hands a callback to the loop (``call_soon_threadsafe`` and trio's
 Sessions that overlap in one process share one installed handler: the handlers
 the process had before the *first* session are saved once and put back when the
 *last* one ends, whatever order they end in (a stack, not a chain of saves that
-the first to end would unwind under the others). A signal goes to every session
-that is listening for it; each signal is counted on its own (sessions may listen
-for different ones: SLURM's requeue signal is usually SIGUSR1).
+the first to end would unwind under the others). A handler the application installs
+over ours in between is a level of its own: a listener installed after it puts it
+back when the last of that level leaves. A signal goes to every session that is
+listening for it; each signal is counted on its own (sessions may listen for
+different ones: SLURM's requeue signal is usually SIGUSR1).
+
+A *fallback* listener (``asv.run``'s, for the program's whole run) hears a signal only
+when no session listens for it: before a session, between two, after the last.
+
+A stop signal that reaches a session while it is already stopping belongs to that
+session's ending (the stop it asks for is under way). Once the session's listener is
+gone it is raised again only for a handler of the application's own; never for a
+default, which would kill or interrupt a process whose session has just saved.
 """
 
 from __future__ import annotations
@@ -40,7 +50,9 @@ _REFUSED = {
 
 _lock = threading.RLock()
 _listeners: list[SignalListener] = []
-_previous: dict[int, Any] = {}
+# For each signal, the levels of our dispatcher: the handler in force before it was
+# installed over it, and the listeners installed while that level is the top one.
+_levels: dict[int, list[tuple[Any, list[SignalListener]]]] = {}
 
 
 class SignalListener:
@@ -52,11 +64,14 @@ class SignalListener:
         graceful: Callable[[str], None],
         immediate: Callable[[str], None],
         signals: tuple[signal.Signals, ...] = SIGNALS,
+        *,
+        fallback: bool = False,
     ) -> None:
         self._caller = caller
         self._graceful = graceful
         self._immediate = immediate
         self.signals = signals
+        self.fallback = fallback  # hears a signal only when no other listener does
         self.received: list[str] = []
         self.installed = False
 
@@ -66,9 +81,16 @@ class SignalListener:
             return False
         with _lock:
             for sig in self.signals:
-                if sig not in _previous:  # the first listener for it
-                    _previous[sig] = signal.getsignal(sig)
-                    signal.signal(sig, _dispatch)
+                levels = _levels.setdefault(sig, [])
+                current = signal.getsignal(sig)
+                if levels and current is _dispatch:
+                    levels[-1][1].append(self)
+                else:  # the first listener, or the application's handler is over ours
+                    levels.append((current, [self]))
+                # Set again even when Python says it is ours: native code can replace a
+                # handler without Python knowing (TensorFlow's preemption notifier does,
+                # for SIGTERM, once a multi-worker job's coordination service starts).
+                signal.signal(sig, _dispatch)
             _listeners.append(self)
         self.installed = True
         return True
@@ -81,9 +103,17 @@ class SignalListener:
         with _lock:
             if self in _listeners:
                 _listeners.remove(self)
-            still = {sig for listener in _listeners for sig in listener.signals}
-            for sig in [sig for sig in _previous if sig not in still]:
-                signal.signal(sig, _previous.pop(sig))
+            for sig in self.signals:
+                levels = _levels.get(sig, [])
+                for _, members in levels:
+                    if self in members:
+                        members.remove(self)
+                while levels and not levels[-1][1]:  # the top level is empty: undo it
+                    handler, _ = levels.pop()
+                    if signal.getsignal(sig) is _dispatch:  # not one installed over ours
+                        signal.signal(sig, handler)
+                if not levels:
+                    _levels.pop(sig, None)
 
     def deliver(self, signum: int) -> None:
         name = signal.Signals(signum).name
@@ -96,15 +126,30 @@ class SignalListener:
 def _dispatch(signum: int, frame: FrameType | None) -> None:
     with _lock:
         listeners = [listener for listener in _listeners if signum in listener.signals]
-    for listener in listeners:
+    sessions = [listener for listener in listeners if not listener.fallback]
+    for listener in sessions or listeners:
         listener.deliver(signum)
 
 
-def redeliver(signums: list[int]) -> None:
-    """Raise signals again after the session's listener is gone, so that the
-    handlers now in force see them (a signal that came during shutdown is not lost)."""
+def hand_on(signums: list[int]) -> None:
+    """After a session's listener is gone: raise again the stop signals that came while
+    it stopped, for a handler of the application's own now in force. Nothing is raised
+    for a default (SIG_DFL would kill the process that has just saved, Python's and the
+    event loop's SIGINT handlers would interrupt it), an ignored signal, or this
+    module's dispatcher (whoever listens there heard the signal when it came): the
+    session's ending has kept it."""
     for signum in signums:
-        signal.raise_signal(signum)
+        if _applications(signal.getsignal(signum)):
+            signal.raise_signal(signum)
+
+
+def _applications(handler: Any) -> bool:
+    """Whether ``handler`` is a function the application installed."""
+    if not callable(handler) or handler in (signal.default_int_handler, _dispatch):
+        return False
+    function = getattr(handler, "func", handler)  # a functools.partial: asyncio's own
+    module = getattr(function, "__module__", None) or ""
+    return module.split(".")[0] not in ("asyncio", "trio", "anyio")
 
 
 def check_stop_signals(value: Any) -> tuple[signal.Signals, ...]:

@@ -1,24 +1,15 @@
-"""The stop path's states, and the one stop flag.
+"""The one stop flag of a session, and what ends the data.
 
-A session moves through these phases, in this order only (``docs/ARCHITECTURE.md``
-draws the machine)::
-
-    STARTING ──▶ RUNNING ──▶ DRAINING ──▶ FINISHING ──▶ CLOSING ──▶ CLOSED
-        │            │           │  └───────────────────────▲
-        └────────────┴───────────┴── (error, cancel, stuck) ─┘
-
-- RUNNING: the body runs; any part may ask for a stop (``request_stop``).
-- DRAINING: the body has left; the work in flight on the training thread gets
-  ``stop_grace_secs`` from this moment. An idle thread drains at once.
-- FINISHING: after a clean stop only: the hooks' ``end`` and the final save.
-- CLOSING: services get what is left of the grace period; the events file, the
-  checkpoint writer and the training thread are closed off the event loop; the
-  logdir lock is released once nothing of the session can write any more.
+The stop path's phases and its grace are ``StopPath``'s (``stoppath.py``); this is the
+flag every part stops by.
 
 Whoever asks for a stop, and from whatever thread, goes through ``StopFlag.set``:
 the first stop fixes the reason, the first error wins, later errors are logged.
 Errors reach the flag already classified (``None`` for a clean stop): where an
 error came from decides what it means (``SessionRuntime.job_failed``).
+Once the session's ending is decided the flag is sealed: ``set`` takes nothing more
+(it returns ``False``, and whoever reported an error raises it or logs it) until the
+flag is cleared for the next session.
 """
 
 from __future__ import annotations
@@ -84,12 +75,16 @@ class StopFlag:
         self.stopped_at: float | None = None
         self._waiters: list[tuple[LoopCaller, anyio.Event]] = []
         self._on_error: tuple[LoopCaller, Callable[[], object]] | None = None
+        self._sealed = False  # the session's ending is decided: nothing more is taken
 
-    def set(self, error: BaseException | None, reason: StopReason | str) -> None:
+    def set(self, error: BaseException | None, reason: StopReason | str) -> bool:
         """Stop with ``reason``; ``error`` (``None`` for a clean stop) is re-raised when the
         session ends. An error's reason is ``EXCEPTION`` unless a more specific one
-        (``TIMEOUT``, ``NAN``) is given."""
+        (``TIMEOUT``, ``NAN``) is given. ``False`` once the flag is sealed: nothing will
+        re-raise ``error`` then, and the caller must not lose it."""
         with self._lock:
+            if self._sealed:
+                return False
             first_stop = not self.stopped
             first_error = error is not None and self.error is None
             dropped = error is not None and not first_error and error is not self.error
@@ -118,6 +113,14 @@ class StopFlag:
                     error=describe_error(error),
                     first=describe_error(self.error),
                 )
+        return True
+
+    def seal(self) -> tuple[BaseException | None, StopReason | str | None]:
+        """The session's ending is being decided from what the flag holds now (returned:
+        the first error and the reason); from here on ``set`` takes nothing."""
+        with self._lock:
+            self._sealed = True
+            return self.error, self.reason
 
     async def wait(self, timeout: float | None = None) -> bool:
         """Wait until a stop is requested; ``False`` if ``timeout`` seconds passed first.
@@ -142,6 +145,7 @@ class StopFlag:
 
     def clear(self) -> None:
         with self._lock:
+            self._sealed = False
             self.stopped = False
             self.stopped_at = None
             self.error = None
