@@ -42,6 +42,7 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) benchmarks/peers.py
 	$(PY) benchmarks/step_overhead.py
+	$(PY) benchmarks/step_overhead.py --health-only
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/lifecycle_latency.py
 	$(PY) benchmarks/restart_latency.py
