@@ -279,7 +279,7 @@ def test_make_bench_and_make_faults_run_what_the_pages_show() -> None:
 EVERYWHERE = [
     r"\bissues? #?\d+",  # issue 12
     r"(?<![&\w])#\d+\b(?!.*\bmodel\.ckpt)",  # #12 (not a commit of inspect's history table)
-    r"\w#\d+\b",  # keras#12 (a link to the issue says what it is instead)
+    r"(?<=\w)#\d+\b",  # keras#12 (a link to the issue says what it is instead)
     r"\bthis (?:machine|VM|vm|host|box)\b",
     r"\b(?:measured|report|found|tested|run) here\b",
     r"\bhere\)",  # (within a second here)
