@@ -5,6 +5,7 @@ restarts both from one checkpoint."""
 
 from __future__ import annotations
 
+import datetime
 import os
 import re
 import shutil
@@ -421,7 +422,7 @@ HUNG_STEP = """
         # a hung step they wait too.
         sv = asv.Supervisor(sys.argv[1], checkpoint={"v": v}, save_model_secs=0,
                             save_model_steps=5, save_summaries_secs=0.2, heartbeat_secs=0.2,
-                            stop_grace_secs=3)
+                            stop_grace_secs=6)
         async with sv.session() as sess:
             while not sess.should_stop():
                 await sess.run(v.assign_add, 1.0)
@@ -437,10 +438,11 @@ HUNG_STEP = """
 def test_a_hung_step_ends_its_process_within_one_grace_with_its_end_on_record(
     tmp_path: Path,
 ) -> None:
-    """SIGTERM to `asupervisor run --grace 5` over a child whose step hangs, with a 3 s
-    stop grace: the child's session ends stuck within its one grace (the services get
-    no second one), and its ledger says so: the end line was written before the
-    supervisor's SIGKILL could come (a SIGKILLed session has none)."""
+    """SIGTERM to `asupervisor run` over a child whose step hangs, with a 6 s stop grace:
+    the child's session ends stuck within its one grace (the services get no second one:
+    they used to wait a grace of their own after the step's), and its ledger says so,
+    before the supervisor's kill could come (a SIGKILLed session has none). `--grace`
+    follows the rule the runner states: the child's grace plus time to exit."""
     logdir = tmp_path / "run"
     script = tmp_path / "hung.py"
     script.write_text(textwrap.dedent(HUNG_STEP))
@@ -448,7 +450,7 @@ def test_a_hung_step_ends_its_process_within_one_grace_with_its_end_on_record(
         "--logdir",
         str(logdir),
         "--grace",
-        "5",
+        "30",
         "--",
         sys.executable,
         str(script),
@@ -457,10 +459,14 @@ def test_a_hung_step_ends_its_process_within_one_grace_with_its_end_on_record(
     try:
         run.wait_for(r"^hung")
         time.sleep(0.5)  # the summary service is queued behind the hung step by now
+        signalled = time.time()
         run.proc.send_signal(signal.SIGTERM)
         code = run.finish()
     finally:
         run.proc.kill()
     assert code == 124, run.output
     (session,) = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    # One grace (6 s) and the record's few seconds; two graces would be 12 s and more.
+    ended = datetime.datetime.fromisoformat(session.ended or "").timestamp()
+    assert ended - signalled < 11, (ended - signalled, run.output)
     assert (session.outcome, session.exit_status) == ("stuck", 124), run.output
