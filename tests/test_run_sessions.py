@@ -357,6 +357,7 @@ THREE_FAULTS = """
     from asupervisor.hooks import StopAtStepHook
 
     logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    ledger = os.path.join(logdir, "asupervisor-ledger.jsonl")
     v = tf.Variable(0.0)
 
     async def main() -> None:
@@ -371,7 +372,12 @@ THREE_FAULTS = """
                 if attempt == 1 and at == 8:
                     raise RuntimeError("a bug that strikes once")
                 if attempt == 2 and at == 7:
-                    os.kill(os.getpid(), signal.SIGKILL)  # the OOM killer
+                    # The OOM killer, once this session's first step is on disk (the
+                    # heartbeat writes it within one beat; a loaded machine may run 7
+                    # steps before that).
+                    while open(ledger).read().count('"first_step"') < 2:
+                        await anyio.sleep(0.05)
+                    os.kill(os.getpid(), signal.SIGKILL)
                 if attempt == 3 and at == 7:
                     await sess.run(time.sleep, 3600)  # a step that never ends
                 await anyio.sleep(0.02)
