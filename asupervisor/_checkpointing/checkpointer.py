@@ -37,6 +37,7 @@ from .._training.kept_state import NAME as KEPT_STATE
 from .._training.kept_state import SEEDS
 from .._training.position import FIT_STATE
 from .._training.position import NAME as POSITION
+from .._training.reader import NAME as ITERATOR
 from . import async_save as _async_save
 from .root import GLOBAL_STEP, SavedRoot
 
@@ -268,7 +269,7 @@ class Checkpointer:
         children = self.root.children()
         missing, unexpected = top_level_differences(children, path)
         # What an older or another tool's checkpoint may lack: restored without it.
-        optional = {POSITION, FIT_STATE, KEPT_STATE, SEEDS}
+        optional = {POSITION, FIT_STATE, ITERATOR, KEPT_STATE, SEEDS}
         if not is_own(path, self.basename):
             optional.add(GLOBAL_STEP)
         absent = [name for name in missing if name in optional]
