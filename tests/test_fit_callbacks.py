@@ -218,6 +218,59 @@ async def test_a_stop_mid_epoch_runs_the_cut_epochs_end_once_in_the_resumed_run(
     assert first_run + seen == firsts + firsts + firsts  # nothing twice, nothing skipped
 
 
+class EpochLogs(keras.callbacks.Callback):
+    """The logs of each epoch's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs: dict[int, dict[str, float]] = {}
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.logs[epoch] = {k: float(v) for k, v in (logs or {}).items()}
+
+
+async def fit_with_a_stop(
+    logdir: str, stop_at: tuple[str, int, int] | None
+) -> tuple[list[float], dict[int, dict[str, float]], list[np.ndarray]]:
+    """Batches trained (their first value, in order), epoch logs and weights of a run of
+    3 epochs over a reshuffling function of the epoch, stopped at ``stop_at`` (as a
+    SIGTERM would) and resumed."""
+    seen: list[float] = []
+    logs = EpochLogs()
+
+    def data(epoch: int) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(arrays()).shuffle(64, seed=epoch).batch(8)
+
+    for record in [Record(stop_at=stop_at), Record()] if stop_at else [Record()]:
+        model = compiled(seen)
+        async with supervisor(logdir, model).session() as sess:
+            record.sess = sess
+            await sess.fit(
+                model, data, epochs=3, validation_data=dataset(seed=1),
+                callbacks=[record, logs], verbose=0,
+            )  # fmt: skip
+    assert sess.data_position == (3, 0)
+    return seen, logs.logs, [w.numpy() for w in model.weights]
+
+
+async def test_a_resumed_fit_reads_each_epoch_as_the_run_left_alone_does(tmp_path: Any) -> None:
+    """Keras opens an epoch's data at the end of the epoch before and again at its start:
+    read twice, a reshuffling dataset would give the resumed epoch another order."""
+    alone = await fit_with_a_stop(str(tmp_path / "alone"), None)
+    for where in [("train", 1, 2), ("train", 0, BATCHES - 1), ("test", 1, 0)]:
+        resumed = await fit_with_a_stop(str(tmp_path / "-".join(map(str, where))), where)
+        assert resumed[0] == alone[0], where  # the same batches, in the same order
+        assert all(np.array_equal(a, b) for a, b in zip(resumed[2], alone[2], strict=True))
+
+
+async def test_a_resumed_epoch_reports_the_means_of_all_its_batches(logdir: str) -> None:
+    """Keras' logs are running means over the epoch: the resumed epoch's include the
+    batches trained before the stop, so callbacks watching them act as in a run left alone."""
+    _, alone, _ = await fit_with_a_stop(logdir + "-alone", None)
+    _, resumed, _ = await fit_with_a_stop(logdir, ("train", 1, 2))
+    assert resumed[1] == alone[1] and resumed[2] == alone[2]
+
+
 async def test_a_stop_during_validation_trains_nothing_more_and_the_resumed_run_ends_it(
     logdir: str,
 ) -> None:
