@@ -159,7 +159,7 @@ def epoch_data_adapter(
                 return fitted(source)
 
             return reader.open(  # type: ignore[no-any-return]
-                epoch, batch, build, same_data=not plan.per_function
+                epoch, batch, build, same_data=None if plan.per_function else data
             )
 
         def reduce(self, initial_state: Any, reduce_func: Any) -> Any:

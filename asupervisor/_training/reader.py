@@ -30,7 +30,6 @@ restores it into an iterator of the same pipeline and reads on from there.
 
 from __future__ import annotations
 
-import contextlib
 import json
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -61,9 +60,18 @@ class Opened:
     """The iterator open now, and where it is."""
 
     def __init__(
-        self, iterator: Any, key: int, skip: int, at: int, count: int, spec: str, why: str
+        self,
+        iterator: Any,
+        key: int,
+        skip: int,
+        at: int,
+        count: int,
+        spec: str,
+        why: str,
+        ended: Saved | None = None,
     ) -> None:
         self.iterator = iterator
+        self.ended = ended  # at its pipeline's end: nothing to read, the state as restored
         self.key, self.skip, self.spec = key, skip, spec
         self.at_open, self.count_at_open = at, count
         self.why = why  # why its state cannot be saved ("" if it can)
@@ -71,6 +79,20 @@ class Opened:
 
     def at(self, count: int) -> int:
         return self.at_open + count - self.count_at_open
+
+    def handed_out(self, counted: bool) -> None:
+        self.fetched = 0 if counted else -1
+
+    def took_one(self) -> None:
+        self.fetched += 1
+
+    def unsaveable(self, why: str) -> None:
+        self.why = why
+
+    def consistent(self, count: int) -> bool:
+        """Whether its state is at the batch the position counted (not when a batch was
+        fetched and its step failed)."""
+        return self.fetched < 0 or self.fetched == self.at(count) - self.at_open
 
 
 class Counted:
@@ -80,14 +102,14 @@ class Counted:
     def __init__(self, opened: Opened) -> None:
         self._next = opened.iterator.__next__
         self._opened = opened
-        opened.fetched = 0
+        opened.handed_out(True)
 
     def __iter__(self) -> Iterator[Any]:
         return self
 
     def __next__(self) -> Any:
         batch = self._next()
-        self._opened.fetched += 1
+        self._opened.took_one()
         return batch
 
 
@@ -106,6 +128,7 @@ class Reader:
         self.kept: Saved | None = None  # restored and not used yet, or taken at a close
         self._told: set[str] = set()  # what has been logged once
         self._why = ""  # why the last state restored did not fit (for the fallback's log)
+        self._iterations: dict[int, int] = {}  # iterators made of one dataset (_catch_up)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -116,33 +139,48 @@ class Reader:
         build: Callable[[int], Iterable[Any]],
         *,
         saveable: str = "",
-        same_data: bool = False,
+        same_data: Any = None,
         counted: bool = False,
     ) -> Iterator[Any]:
         """An iterator of pipeline ``key`` at its batch ``at``. ``build(skip)`` makes the
         pipeline with its first ``skip`` batches skipped (``Dataset.skip``); ``saveable``
         says why no state may be saved or restored here ("" if it may); ``same_data``:
-        every key is the same dataset (a reshuffling one draws its next order from the
-        state of the last); ``counted``: the caller takes every batch through the iterator
-        returned (not fit, where Keras reads the iterator inside its graph)."""
+        the dataset every epoch reads, when it is one object (see ``_catch_up``);
+        ``counted``: the caller takes every batch through the iterator returned (not fit,
+        where Keras reads the iterator inside its graph)."""
         current = self.current
         if current is not None and current.key == key and current.at(self.count) == at:
             if current.fetched <= 0:  # nothing taken from it yet (or not counted): as new
                 return self._hand_out(current, counted)
         self._drop()
+        one = same_data is not None and key >= 0
+        if one:
+            self._catch_up(same_data, key, build)
         saved, self.kept = self.kept, None
         opened = None
         if saved is not None and not saveable:
-            opened = self._restore(saved, key, at, build, same_data)
+            opened = self._restore(saved, key, at, build, one)
         if opened is None:
             opened = self._fresh(saved, key, at, build, saveable)
+        if one and opened.ended is None:
+            self._iterations[id(same_data)] += 1
         self.current = opened
         return self._hand_out(opened, counted)
+
+    def _catch_up(self, data: Any, epoch: int, build: Callable[[int], Iterable[Any]]) -> None:
+        """One dataset for every epoch: a reshuffling ``shuffle`` draws each iteration's
+        order from its seed generator, so epoch e must be its (e+1)-th iteration here
+        too, as in the run left alone (one an epoch). Iterators are made until it is
+        (never read: no element is computed)."""
+        made = self._iterations.setdefault(id(data), 0)
+        for _ in range(epoch - made):
+            release(iter(build(0)))
+        self._iterations[id(data)] = max(made, epoch)
 
     def _hand_out(self, opened: Opened, counted: bool) -> Iterator[Any]:
         if counted:
             return Counted(opened)
-        opened.fetched = -1
+        opened.handed_out(False)
         return opened.iterator  # type: ignore[no-any-return]
 
     def _restore(
@@ -154,12 +192,13 @@ class Reader:
         same_data: bool,
     ) -> Opened | None:
         """The saved state restored into a new iterator of the pipeline, or ``None``."""
-        if saved.state is None:
+        if saved.state is None or saved.key != key or saved.at > at:
             return None
-        if saved.key != key or saved.at > at:
-            if same_data and saved.key < key:
-                self._replay_seeds(saved, build)
-            return None
+        if same_data and _ended(build(0), at):
+            # Nothing is left to read, and TF's state of a shuffle at its very end would
+            # set the dataset's seed generator one draw on: the next epoch's order would
+            # differ. Not restored; the next epoch is caught up by counting instead.
+            return Opened(iter(()), key, saved.skip, at, self.count, saved.spec, "", saved)
         source = build(saved.skip)
         iterator = iter(source)
         spec = _spec(source)
@@ -176,15 +215,6 @@ class Reader:
         log.info("data.resumed", key=key, batch=at, advanced=at - saved.at)
         return Opened(iterator, key, saved.skip, at, self.count, saved.spec, "")
 
-    def _replay_seeds(self, saved: Saved, build: Callable[[int], Iterable[Any]]) -> None:
-        """The same dataset every epoch: the state of the last epoch's iterator goes into a
-        throwaway one, so that a reshuffling ``shuffle`` draws the next epoch's order as
-        the run left alone does (its seed generator is the dataset's, restored with it)."""
-        iterator = iter(build(saved.skip))
-        with contextlib.suppress(Exception):  # then the order is a fresh start's, as by skip
-            _restore_state(iterator, saved.state)
-        release(iterator)
-
     def _fresh(
         self,
         saved: Saved | None,
@@ -194,7 +224,7 @@ class Reader:
         saveable: str,
     ) -> Opened:
         """A new iterator at ``at``, by ``Dataset.skip``; the fallback says what it costs."""
-        why = self._why or saveable or _unsaved(saved, key)
+        why = self._why or saveable or _unsaved(saved)
         self._why = ""
         source = build(at)
         iterator = iter(source)
@@ -228,8 +258,7 @@ class Reader:
         opened, self.current = self.current, None
         if opened is None:
             return
-        consistent = opened.fetched < 0 or opened.fetched == opened.at(self.count) - opened.at_open
-        if clean and consistent:
+        if clean and opened.consistent(self.count):
             self.kept = self._taken(opened)
         release(opened.iterator)
 
@@ -266,13 +295,16 @@ class Reader:
 
     def _taken(self, opened: Opened) -> Saved:
         """The state of ``opened`` now, or why there is none."""
+        if opened.ended is not None:
+            return opened.ended
         at = opened.at(self.count)
         why = opened.why
         if not why:
             try:
                 return Saved(opened.key, opened.skip, at, opened.spec, _state_of(opened.iterator))
             except Exception as exc:
-                why = opened.why = f"TensorFlow cannot save its state: {_first_line(exc)}"
+                why = f"TensorFlow cannot save its state: {_first_line(exc)}"
+                opened.unsaveable(why)
                 self._tell_not_saveable(why)
         return Saved(opened.key, opened.skip, at, opened.spec, None, why)
 
@@ -290,23 +322,29 @@ class Reader:
             return  # none (a fresh start, an older checkpoint): skip, if need be
         if meta.get("position") != list(position):
             return  # of another save than the one restored (see the docstring)
+        import tensorflow as tf
+
         state = self.module.state.read_value()
         self.kept = Saved(
             int(meta["key"]),
             int(meta["skip"]),
             int(meta["at"]),
             str(meta.get("spec", "")),
-            state if len(state.numpy()) else None,
+            state if int(tf.strings.length(state)) else None,
             str(meta.get("why", "")),
         )
 
 
-def _unsaved(saved: Saved | None, key: int) -> str:
-    if saved is None:
-        return ""
-    if saved.state is None and saved.why:
-        return saved.why
-    return ""
+def _unsaved(saved: Saved | None) -> str:
+    """Why the checkpoint holds no state (what the run that saved it knew)."""
+    return saved.why if saved is not None and saved.state is None else ""
+
+
+def _ended(source: Any, at: int) -> bool:
+    """Whether batch ``at`` is past the end of ``source`` (when its length is known)."""
+    cardinality = getattr(source, "cardinality", None)
+    length = int(cardinality()) if cardinality is not None else -1
+    return 0 <= length <= at
 
 
 def _spec(source: Any) -> str:

@@ -431,7 +431,7 @@ class Stepper:
         reader = position.reader
         # Each worker reads its own shard: one checkpoint cannot hold every worker's state.
         alone = "" if runtime.agreement is None else "a multi-worker job (a shard per worker)"
-        same = not is_epoch_function(data)
+        same = None if is_epoch_function(data) else data
         with position.counting():
             while position.epoch < epochs:
                 epoch = position.epoch
