@@ -146,21 +146,19 @@ def epoch_data_adapter(
             steps = plan.steps_per_epoch
             if plan.keras_steps is not None:  # one stream over every epoch: it repeats
                 stream = data.repeat() if int(data.cardinality()) != INFINITE else data
-                return reader.open(  # type: ignore[no-any-return]
+                return reader.open(
                     STREAM,
                     epoch * plan.keras_steps + batch,
                     lambda skip: fitted(stream.skip(skip)),
                 )
 
             def build(skip: int) -> Any:
-                source = skipped(of_epoch(epoch), skip)
+                source: Any = skipped(of_epoch(epoch), skip)
                 if steps is not None:
                     source = source.take(steps - skip)
                 return fitted(source)
 
-            return reader.open(  # type: ignore[no-any-return]
-                epoch, batch, build, same_data=None if plan.per_function else data
-            )
+            return reader.open(epoch, batch, build, same_data=None if plan.per_function else data)
 
         def reduce(self, initial_state: Any, reduce_func: Any) -> Any:
             raise NotImplementedError("the supervisor's stream is for fit only")
