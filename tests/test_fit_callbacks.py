@@ -169,11 +169,17 @@ async def test_a_resumed_fit_with_nothing_left_returns_an_empty_history(logdir: 
     model = compiled()
     async with supervisor(logdir, model).session() as sess:
         await sess.fit(model, dataset(), epochs=2, verbose=0)
+    trained = [v.numpy() for v in model.optimizer.variables]
     model = compiled()
     async with supervisor(logdir, model).session() as sess:
         history = await sess.fit(model, dataset(), epochs=2, verbose=0)
     assert isinstance(history, keras.callbacks.History)
     assert history.epoch == [] and history.history == {}
+    # The optimizer took its saved state (TF warned of values left in the checkpoint).
+    assert model.optimizer.built
+    resumed = [v.numpy() for v in model.optimizer.variables]
+    assert len(resumed) == len(trained) > 1
+    assert all(np.array_equal(a, b) for a, b in zip(resumed, trained, strict=True))
 
 
 async def test_validation_logs_reach_the_events_file(logdir: str) -> None:

@@ -410,6 +410,15 @@ def _class_weights(weights: Any) -> Any:
     return make_class_weight_map_fn(weights)
 
 
+def _build_optimizer(model: Any) -> None:
+    """The optimizer as fit's first batch would build it: it takes its restored state
+    (Keras 3 restores into an unbuilt optimizer deferred; left so, its saved values are
+    warned about as not found when the process ends)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)
+
+
 def _empty_history(model: Any) -> Any:
     import keras
 
@@ -461,6 +470,7 @@ def _fit_once(
     plan = Plan(runtime, data, epochs, kwargs.pop("steps_per_epoch", None))
     if position.stopped or position.epoch >= epochs:
         log.info("fit.nothing_left", epoch=position.epoch, ended_by_callback=position.stopped)
+        _build_optimizer(model)
         return _empty_history(model)
     weights = _class_weights(kwargs.pop("class_weight", None))
     run = FitRun(runtime, model, plan)
