@@ -105,7 +105,6 @@ def batch_differences(
 
 
 def main(args: argparse.Namespace) -> int:
-    import anyio
     import keras
     import numpy as np
     import tensorflow as tf
@@ -126,9 +125,7 @@ def main(args: argparse.Namespace) -> int:
         return examples.shuffle(256, seed=1000 + epoch).batch(BATCH)
 
     record_fd = (
-        os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
-        if args.record
-        else None
+        os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.record else None
     )
 
     def record(step: Any, batch_ids: Any) -> Any:
