@@ -32,9 +32,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 # The model-based searches, long: hundreds of random sequences in process and across
-# real processes (the suite runs a short, fixed one).
+# real processes, and interrupted runs against the run left alone (the suite runs short ones).
 fuzz: $(STAMP)
-	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py
+	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py tests/test_resume_equivalence.py
 
 bench: $(STAMP)
 	$(PY) benchmarks/peers.py
@@ -46,6 +46,8 @@ bench: $(STAMP)
 	$(PY) benchmarks/fit_overhead.py
 	$(PY) benchmarks/multiworker.py
 	$(PY) benchmarks/object_store.py
+	$(PY) benchmarks/resume_cost.py
+	$(PY) benchmarks/resume_equivalence.py
 
 # The documentation site; any warning (a broken link, a docstring that does not render,
 # a benchmark table that cannot be written) fails the build.

@@ -31,6 +31,8 @@ COMMANDS = {
     "object_store": "python benchmarks/object_store.py",
     "evaluation_hold": "python benchmarks/evaluation_hold.py",
     "goodput": "python benchmarks/goodput.py",
+    "resume_cost": "python benchmarks/resume_cost.py",
+    "resume_equivalence": "python benchmarks/resume_equivalence.py",
 }
 
 
