@@ -18,11 +18,18 @@ stopped by a signal) writes its final state to ``--final`` (an ``.npz``).
 
 It prints ``restored STEP``, ``step STEP`` after each batch, ``saved STEP``, ``epoch
 E`` and ``validating`` (fit), ``finished`` or ``stopped STEP REASON``.
+
+With ``TF_CONFIG`` set (``--mode train`` only), it is one worker of a
+``MultiWorkerMirroredStrategy`` job: the step runs under the strategy, the data is
+``strategy.experimental_distribute_dataset`` of the same pipeline (auto-sharded), each
+worker records its own examples in ``--record`` + ``.<worker>``, and the chief writes
+the final state.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -53,16 +60,23 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
 def trained(record: str) -> list[tuple[int, tuple[int, ...]]]:
     """The batches the runs recorded in ``record`` trained, as ``(step, ids)`` in order:
     a session restored at step ``s`` undoes what earlier sessions trained from ``s`` on
-    (a kill loses what no checkpoint held; the resumed run trains it again)."""
-    by_step: dict[int, tuple[int, ...]] = {}
-    for line in Path(record).read_text().splitlines():
-        word, *rest = line.split()
-        if word == "restored":
-            at = int(rest[0])
-            by_step = {s: ids for s, ids in by_step.items() if s < at}
-        elif rest:
-            by_step[int(word)] = tuple(int(i) for i in rest)
-    return sorted(by_step.items())
+    (a kill loses what no checkpoint held; the resumed run trains it again). The records
+    of a multi-worker job's workers (``record.<worker>``) are merged: a step's ids are
+    every worker's."""
+    paths = sorted(Path(record).parent.glob(Path(record).name + ".*")) or [Path(record)]
+    merged: dict[int, tuple[int, ...]] = {}
+    for path in paths:
+        by_step: dict[int, tuple[int, ...]] = {}
+        for line in path.read_text().splitlines():
+            word, *rest = line.split()
+            if word == "restored":
+                at = int(rest[0])
+                by_step = {s: ids for s, ids in by_step.items() if s < at}
+            elif rest:
+                by_step[int(word)] = tuple(int(i) for i in rest)
+        for step, ids in by_step.items():
+            merged[step] = tuple(sorted(merged.get(step, ()) + ids)) if len(paths) > 1 else ids
+    return sorted(merged.items())
 
 
 def compare(left: Mapping[str, Any], right: Mapping[str, Any]) -> dict[str, Any]:
@@ -105,12 +119,16 @@ def batch_differences(
 
 
 def main(args: argparse.Namespace) -> int:
+    import tensorflow as tf
+
+    # A multi-worker strategy first: it starts this worker's server before any TF work.
+    strategy = tf.distribute.MultiWorkerMirroredStrategy() if "TF_CONFIG" in os.environ else None
     import keras
     import numpy as np
-    import tensorflow as tf
 
     import asupervisor as asv
 
+    worker = 0 if strategy is None else strategy.cluster_resolver.task_id or 0
     keras.utils.set_random_seed(0)
     tf.config.experimental.enable_op_determinism()
     rng = np.random.default_rng(0)
@@ -121,11 +139,13 @@ def main(args: argparse.Namespace) -> int:
     examples = tf.data.Dataset.from_tensor_slices((x[:EXAMPLES], target[:EXAMPLES]))
     validation = tf.data.Dataset.from_tensor_slices((x[EXAMPLES:], target[EXAMPLES:])).batch(64)
 
-    def data(epoch: int) -> tf.data.Dataset:
-        return examples.shuffle(256, seed=1000 + epoch).batch(BATCH)
+    def data(epoch: int) -> Any:
+        batches = examples.shuffle(256, seed=1000 + epoch).batch(BATCH)
+        return batches if strategy is None else strategy.experimental_distribute_dataset(batches)
 
+    record_to = args.record if strategy is None or not args.record else f"{args.record}.{worker}"
     record_fd = (
-        os.open(args.record, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if args.record else None
+        os.open(record_to, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if record_to else None
     )
 
     def record(step: Any, batch_ids: Any) -> Any:
@@ -149,21 +169,22 @@ def main(args: argparse.Namespace) -> int:
             x, y = data
             return super().test_step((x[:, :-1], y))
 
-    model = Model(
-        [
-            keras.Input((FEATURES,)),
-            keras.layers.Dense(32, activation="relu"),
-            keras.layers.Dropout(0.3),
-            keras.layers.Dense(1),
-        ]
-    )
-    if args.mode == "train":
-        schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
-        optimizer = keras.optimizers.Adam(schedule)
-    else:
-        optimizer = keras.optimizers.Adam(0.01)
-    model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
-    model.optimizer.build(model.trainable_variables)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+        model = Model(
+            [
+                keras.Input((FEATURES,)),
+                keras.layers.Dense(32, activation="relu"),
+                keras.layers.Dropout(0.3),
+                keras.layers.Dense(1),
+            ]
+        )
+        if args.mode == "train":
+            schedule = keras.optimizers.schedules.ExponentialDecay(0.01, 10, 0.9)
+            optimizer = keras.optimizers.Adam(schedule)
+        else:
+            optimizer = keras.optimizers.Adam(0.01)
+        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        model.optimizer.build(model.trainable_variables)
     seeds = [v for layer in model.layers for v in vars(layer).values()
              if isinstance(v, keras.random.SeedGenerator)]  # fmt: skip
 
@@ -198,6 +219,8 @@ def main(args: argparse.Namespace) -> int:
         save_summaries_secs=0,
         async_checkpoint=args.async_checkpoint,
         hooks=[progress],
+        strategy=strategy,
+        is_chief=None if strategy is not None else True,
         stop_grace_secs=60,
     )
 
@@ -219,14 +242,21 @@ def main(args: argparse.Namespace) -> int:
         Markers(),
     ]
 
-    @tf.function
-    def step(x: Any, y: Any) -> dict[str, Any]:
+    def replica_step(x: Any, y: Any) -> Any:
         x = recorded(model.optimizer.iterations, x)
         with tf.GradientTape() as tape:
-            loss = tf.reduce_mean(tf.square(model(x, training=True) - y))
+            per_example = tf.reshape(tf.square(model(x, training=True) - y), [-1])
+            loss = tf.nn.compute_average_loss(per_example, global_batch_size=BATCH)
         grads = tape.gradient(loss, model.trainable_variables)
         model.optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return {"loss": loss}
+        return loss
+
+    @tf.function
+    def step(x: Any, y: Any) -> dict[str, Any]:
+        if strategy is None:
+            return {"loss": replica_step(x, y)}
+        losses = strategy.run(replica_step, args=(x, y))
+        return {"loss": strategy.reduce("SUM", losses, axis=None)}
 
     async def run() -> None:
         async with sv.session() as sess:
@@ -248,7 +278,7 @@ def main(args: argparse.Namespace) -> int:
         if sess.stop_reason == asv.StopReason.SIGNAL:
             print(f"stopped {int(model.optimizer.iterations.numpy())} signal", flush=True)
             return
-        if args.final:
+        if args.final and sv.is_chief:
             final: dict[str, Any] = {
                 f"weight{i}": w.numpy() for i, w in enumerate(model.trainable_variables)
             }
