@@ -48,6 +48,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/object_store.py
 	$(PY) benchmarks/resume_cost.py
 	$(PY) benchmarks/resume_equivalence.py
+	$(PY) benchmarks/resume_equivalence.py --workers
 
 # The documentation site; any warning (a broken link, a docstring that does not render,
 # a benchmark table that cannot be written) fails the build.

@@ -142,6 +142,8 @@ def epoch_data_adapter(
             if not run.training:
                 # Keras builds a model under a strategy from one batch, before training:
                 # one of its own, so that what training reads is not one batch on.
+                if not plan.per_function:
+                    reader.iterated(data)
                 return iter(fitted(epoch_data(data, epoch).take(1)))
             steps = plan.steps_per_epoch
             if plan.keras_steps is not None:  # one stream over every epoch: it repeats

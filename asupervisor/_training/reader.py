@@ -177,6 +177,11 @@ class Reader:
             release(iter(build(0)))
         self._iterations[id(data)] = max(made, epoch)
 
+    def iterated(self, data: Any) -> None:
+        """``data`` (the dataset every epoch reads) was iterated once besides the epochs
+        (Keras' build under a strategy): counted, as every run does it."""
+        self._iterations[id(data)] = self._iterations.get(id(data), 0) + 1
+
     def _hand_out(self, opened: Opened, counted: bool) -> Iterator[Any]:
         if counted:
             return Counted(opened)

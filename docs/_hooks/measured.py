@@ -33,6 +33,7 @@ COMMANDS = {
     "goodput": "python benchmarks/goodput.py",
     "resume_cost": "python benchmarks/resume_cost.py",
     "resume_equivalence": "python benchmarks/resume_equivalence.py",
+    "resume_equivalence_workers": "python benchmarks/resume_equivalence.py --workers",
 }
 
 
