@@ -197,3 +197,22 @@ async def test_a_rollback_restores_the_iterator_and_moves_it_past_the_divergence
     assert learner.seen[26:] == list(range(270, 310, 10))
     (resumed,) = named(events, "data.resumed")
     assert resumed["batch"] == 27 and resumed["advanced"] == 7
+
+
+async def test_a_shuffle_without_any_seed_is_said_to_be_not_exact_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    def data(epoch: int) -> tf.data.Dataset:
+        return tf.data.Dataset.range(ELEMENTS).shuffle(50).batch(10)
+
+    await train(logdir, data, 50)
+    (said,) = named(events, "data.not_exact")  # once, though two epochs were opened
+    assert "seed" in said["reason"]
+    events.clear()
+    await train(logdir + "-seeded", lambda epoch: data(epoch).shuffle(5, seed=epoch), 5)
+    assert named(events, "data.not_exact")  # the inner shuffle has none
+    events.clear()
+    seeded = await train(
+        logdir + "-all", lambda e: tf.data.Dataset.range(9).shuffle(9, seed=e).batch(3), 5
+    )
+    assert seeded.seen and not named(events, "data.not_exact")

@@ -205,6 +205,7 @@ class Reader:
             # differ. Not restored; the next epoch is caught up by counting instead.
             return Opened(iter(()), key, saved.skip, at, self.count, saved.spec, "", saved)
         source = build(saved.skip)
+        self._check_exact(source)
         iterator = iter(source)
         spec = _spec(source)
         try:
@@ -232,6 +233,7 @@ class Reader:
         why = self._why or saveable or _unsaved(saved)
         self._why = ""
         source = build(at)
+        self._check_exact(source)
         iterator = iter(source)
         cannot = saveable or _cannot_save(iterator)
         if cannot:
@@ -245,6 +247,17 @@ class Reader:
                 cost=f"the {at} batches before it are computed again (Dataset.skip)",
             )
         return Opened(iterator, key, at, at, self.count, _spec(source), cannot)
+
+    def _check_exact(self, source: Any) -> None:
+        """Once a session: a shuffle with no seed at all orders each run its own way, so a
+        resumed run reads other batches than the run left alone would."""
+        if "not_exact" not in self._told and _unseeded_shuffle(source):
+            self._told.add("not_exact")
+            log.warning(
+                "data.not_exact",
+                reason="a shuffle without a seed (and no global seed): a resumed run reads "
+                "other batches than the run left alone; give shuffle() a seed",
+            )
 
     def _tell_not_saveable(self, why: str) -> None:
         """Once a session: a resume inside an epoch will replay its batches, and why."""
@@ -343,6 +356,29 @@ class Reader:
 def _unsaved(saved: Saved | None) -> str:
     """Why the checkpoint holds no state (what the run that saved it knew)."""
     return saved.why if saved is not None and saved.state is None else ""
+
+
+def _unseeded_shuffle(source: Any) -> bool:
+    """Whether a ``tf.data`` pipeline holds a ``shuffle`` seeded neither by its call nor by
+    a global seed (TF keeps both seeds 0 then: drawn at random)."""
+    seen: set[int] = set()
+    found = [source]
+    while found:
+        dataset = found.pop()
+        if id(dataset) in seen:
+            continue
+        seen.add(id(dataset))
+        if type(dataset).__name__ == "_ShuffleDataset":
+            seeds = (getattr(dataset, "_seed", None), getattr(dataset, "_seed2", None))
+            if all(seed is not None and int(seed) == 0 for seed in seeds):
+                return True
+        inputs = getattr(dataset, "_inputs", None)
+        if callable(inputs):
+            try:
+                found.extend(inputs())
+            except Exception:  # not a pipeline TF can walk: nothing to say
+                continue
+    return False
 
 
 def _ended(source: Any, at: int) -> bool:
