@@ -5,10 +5,14 @@ once per ``fit`` call, and honours ``stop_training`` only inside the call; so a 
 makes exactly one call, from the saved position to the last epoch:
 
 - **The data.** Keras iterates an ``EpochStream`` once per epoch; the stream gives the
-  epoch the position names: ``data`` or ``data(epoch)``, without the batches a resumed
-  epoch already trained. The resumed epoch ends where the data would have: the stream
-  holds only its remaining batches, and fit is told to end that epoch after the last
-  of them (``stop_training``, taken back before the epoch's end is seen by callbacks).
+  epoch the position names: ``data`` or ``data(epoch)``, from the batch a resumed epoch
+  is at, through the session's reader (which restores the saved iterator state, or
+  skips). Keras asks for each epoch's iterator twice (at the end of the epoch before, and
+  at its start): the reader gives the same one, so each epoch's data is read once, as
+  in a resumed run. The resumed epoch ends where the data would have: the stream holds
+  only its remaining batches, and fit is told to end that epoch after the last of them
+  (``stop_training``, taken back before the epoch's end is seen by callbacks); its
+  metrics' running state goes back at its start (``RunningMeans``).
 - **The steps.** A callback first in the list runs the hooks' ``before_run`` and marks
   each batch for the watchdog; one last counts the batch (hooks, the global step, the
   position, step schedules) and runs the jobs queued meanwhile (saves, calls, holds).

@@ -8,7 +8,7 @@ Three objects go into the checkpoint: ``data_position`` (the epoch and the batch
 ``train(epochs=)`` and ``fit`` both use), ``fit_state`` (what ``fit`` alone needs:
 the length of an epoch when the data cannot say it, whether a callback ended ``fit``,
 and the last batch's logs, for an epoch whose end a stop interrupted) and
-``data_iterator`` (the state of the iterator read there: see ``_reader``).
+``data_iterator`` (the state of the iterator read there: see ``reader``).
 A checkpoint without them (older, or another tool's) restores with the first two at zero
 and no iterator state (a resume inside an epoch then skips to its batch).
 """
