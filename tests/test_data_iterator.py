@@ -216,3 +216,43 @@ async def test_a_shuffle_without_any_seed_is_said_to_be_not_exact_once(
         logdir + "-all", lambda e: tf.data.Dataset.range(9).shuffle(9, seed=e).batch(3), 5
     )
     assert seeded.seen and not named(events, "data.not_exact")
+
+
+async def test_fit_resumes_inside_an_epoch_computing_no_batch_before_it(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    import keras
+
+    pipeline = Counted()
+
+    def data(epoch: int) -> tf.data.Dataset:
+        numbers = pipeline.data(epoch).map(lambda b: tf.cast(b, tf.float32)[:, None])
+        return numbers.map(lambda x: (x, 2.0 * x))
+
+    class StopAfter(keras.callbacks.Callback):
+        def __init__(self, sess: asv.ManagedSession, batches: int) -> None:
+            super().__init__()
+            self.sess, self.left = sess, batches
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.left -= 1
+            if self.left == 0:
+                self.sess.request_stop(reason=asv.StopReason.SIGNAL)  # as a SIGTERM
+
+    async def fit(batches: int) -> tuple[int, int]:
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        sv = asv.Supervisor(
+            logdir, checkpoint={"model": model, "opt": model.optimizer}, save_model_secs=0,
+            save_model_steps=1000, save_summaries_secs=0, handle_signals=False,
+        )  # fmt: skip
+        async with sv.session() as sess:
+            await sess.fit(model, data, epochs=2, callbacks=[StopAfter(sess, batches)], verbose=0)
+        return sess.data_position
+
+    assert await fit(30) == (0, 30)
+    pipeline.computed.assign(0)
+    assert await fit(1) == (0, 31)
+    assert int(pipeline.computed.numpy()) < 50  # not the 300 elements before batch 30
+    (resumed,) = named(events, "data.resumed")
+    assert resumed["batch"] == 30
