@@ -93,7 +93,7 @@ def run_job(
             proc.kill()
             codes.append(proc.wait())
     for code, lines in zip(codes, errors, strict=True):
-        if code not in (0, 42, 1, -signal.SIGKILL):
+        if code not in (0, 42, 1, -signal.SIGKILL, -signal.SIGTERM):  # -SIGTERM: after the session
             raise RuntimeError(f"exit {code}:\n{''.join(lines)[-3000:]}")
         if code == 1 and (workers == 1 or interrupt is None or interrupt[0] != signal.SIGKILL):
             raise RuntimeError(f"exit 1:\n{''.join(lines)[-3000:]}")
