@@ -26,6 +26,9 @@ restores it into an iterator of the same pipeline and reads on from there.
   opens the next epoch's iterator at the end of each epoch, and again at its start), the
   same iterator is given back: each epoch's data is iterated once, so a reshuffling
   ``shuffle`` gives an epoch the same order whether or not the run was interrupted.
+- **One dataset for every epoch** (not a function of the epoch): a reshuffling
+  ``shuffle`` draws each iteration's order from the dataset's seed generator, so a
+  resumed run first makes (and never reads) the iterators the epochs before made.
 """
 
 from __future__ import annotations
