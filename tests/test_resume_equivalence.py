@@ -166,6 +166,11 @@ def machine(mode: str) -> Callable[[], RuleBasedStateMachine]:
         def interrupt(self, after: str, count: int, how: str) -> None:
             self.run.interrupt(after, count if after == "step" else 1 + count % 2, how)
 
+        @precondition(lambda self: self.run.finished)
+        @rule()
+        def over(self) -> None:
+            """The run trained to its end before a signal reached it: nothing left to do."""
+
         def teardown(self) -> None:
             try:
                 self.run.to_the_end()
