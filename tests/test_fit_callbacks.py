@@ -45,7 +45,9 @@ def seen_model(seen: list[float]) -> keras.Model:
     return Seen([keras.Input((4,)), keras.layers.Dense(1)])
 
 
-def compiled(seen: list[float] | None = None, lr: float = 0.01) -> keras.Model:
+def compiled(
+    seen: list[float] | None = None, lr: float = 0.01, metrics: tuple[str, ...] = ()
+) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = (
         seen_model(seen)
@@ -53,7 +55,9 @@ def compiled(seen: list[float] | None = None, lr: float = 0.01) -> keras.Model:
         else keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     )
     # Not XLA: py_function (the record above) and summaries run only outside it.
-    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse", jit_compile=False)
+    model.compile(
+        optimizer=keras.optimizers.SGD(lr), loss="mse", metrics=list(metrics), jit_compile=False
+    )
     return model
 
 
@@ -248,7 +252,7 @@ async def fit_with_a_stop(
         return tf.data.Dataset.from_tensor_slices(arrays()).shuffle(64, seed=epoch).batch(8)
 
     for record in [Record(stop_at=stop_at), Record()] if stop_at else [Record()]:
-        model = compiled(seen)
+        model = compiled(seen, metrics=("mae",))  # a compiled metric, built at the first batch
         async with supervisor(logdir, model).session() as sess:
             record.sess = sess
             await sess.fit(
@@ -275,6 +279,7 @@ async def test_a_resumed_epoch_reports_the_means_of_all_its_batches(logdir: str)
     _, alone, _ = await fit_with_a_stop(logdir + "-alone", None)
     _, resumed, _ = await fit_with_a_stop(logdir, ("train", 1, 2))
     assert resumed[1] == alone[1] and resumed[2] == alone[2]
+    assert "mae" in resumed[1] and "val_mae" in resumed[1]
 
 
 async def test_a_stop_during_validation_trains_nothing_more_and_the_resumed_run_ends_it(
