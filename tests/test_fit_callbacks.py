@@ -169,6 +169,36 @@ async def test_a_callbacks_stop_stays_when_the_run_is_started_again(logdir: str)
     assert sess.global_step == 2 * BATCHES  # nothing trained: the callback's stop stands
 
 
+async def test_a_resumed_fit_with_nothing_left_gives_the_callbacks_their_state(
+    logdir: str,
+) -> None:
+    """Found by the search of tests/test_resume_equivalence.py: a run killed after its final
+    save, started again, had nothing left to train, and its callbacks stayed as made."""
+
+    def callbacks() -> list[keras.callbacks.Callback]:
+        return [
+            keras.callbacks.EarlyStopping("val_loss", patience=5),
+            keras.callbacks.ReduceLROnPlateau("val_loss", patience=1, min_delta=1e9),
+        ]
+
+    ended = callbacks()
+    model = compiled()
+    async with supervisor(logdir, model).session() as sess:
+        await sess.fit(model, dataset(), epochs=3, validation_data=dataset(1), callbacks=ended,
+                       verbose=0)  # fmt: skip
+    made = callbacks()
+    model = compiled()
+    async with supervisor(logdir, model).session() as sess:
+        await sess.fit(model, dataset(), epochs=3, validation_data=dataset(1), callbacks=made,
+                       verbose=0)  # fmt: skip
+    fields = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
+    for old, new in zip(ended, made, strict=True):
+        for field in fields:
+            if hasattr(old, field):
+                assert getattr(new, field) == getattr(old, field), (type(old).__name__, field)
+    assert made[0].best is not None and made[1].best is not None  # a state given back
+
+
 async def test_a_resumed_fit_with_nothing_left_returns_an_empty_history(logdir: str) -> None:
     model = compiled()
     async with supervisor(logdir, model).session() as sess:

@@ -109,6 +109,12 @@ class Run:
             assert code == 0, self._failed(process, code)
         self.story.append("to the end")
 
+    def once_more(self) -> None:
+        """Started again after its end (as after a kill between its final save and its
+        exit): it has nothing left to train."""
+        self.finished = False
+        self.to_the_end()
+
     def _failed(self, process: Trainer, code: int) -> str:
         return f"exit {code} after {self.story}:\n{process.stderr_text()[-3000:]}"
 
@@ -226,4 +232,13 @@ def test_train_killed_after_async_saves_then_stopped_by_sigterm_ends_as_left_alo
     run.start(save_steps=11)
     run.interrupt("step", 14, "SIGTERM")
     run.to_the_end()
+    assert_same_as_left_alone(run)
+
+
+def test_fit_started_again_after_its_end_ends_as_left_alone(tmp_path: Path) -> None:
+    """Found by the search: a run killed after its final save, started again, had nothing
+    left to train, and its callbacks stayed as made (EarlyStopping's best was None)."""
+    run = Run(str(tmp_path), "fit")
+    run.to_the_end()
+    run.once_more()
     assert_same_as_left_alone(run)

@@ -477,6 +477,10 @@ def _fit_once(
     if position.stopped or position.epoch >= epochs:
         log.info("fit.nothing_left", epoch=position.epoch, ended_by_callback=position.stopped)
         _build_optimizer(model)
+        # The callbacks as the run left them (as if its fit had gone on to here), and kept.
+        keys = [key_of(i, cb) for i, cb in enumerate(callbacks)]
+        runtime.kept.give_back("callbacks", callbacks, keys)
+        runtime.kept.track("callbacks", callbacks, keys)
         return _empty_history(model)
     weights = _class_weights(kwargs.pop("class_weight", None))
     run = FitRun(runtime, model, plan)
