@@ -32,9 +32,9 @@ test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
 # The model-based searches, long: hundreds of random sequences in process and across
-# real processes (the suite runs a short, fixed one).
+# real processes, and interrupted runs against the run left alone (the suite runs short ones).
 fuzz: $(STAMP)
-	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py
+	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py tests/test_resume_equivalence.py
 
 # Every benchmark the docs show a table of (docs/_hooks/measured.py names them), then
 # their tables written into the pages. Long: peers, multiworker and goodput take a while;
@@ -53,6 +53,9 @@ bench: $(STAMP)
 	$(PY) benchmarks/object_store.py
 	$(PY) benchmarks/evaluation_hold.py
 	$(PY) benchmarks/goodput.py
+	$(PY) benchmarks/resume_cost.py
+	$(PY) benchmarks/resume_equivalence.py
+	$(PY) benchmarks/resume_equivalence.py --workers
 	$(PY) docs/_hooks/measured.py
 
 # The fault report of docs/shutdowns.md: SIGKILLs at random moments and every fault, on

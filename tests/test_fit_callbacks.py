@@ -46,7 +46,9 @@ def seen_model(seen: list[float]) -> keras.Model:
     return Seen([keras.Input((4,)), keras.layers.Dense(1)])
 
 
-def compiled(seen: list[float] | None = None, lr: float = 0.01) -> keras.Model:
+def compiled(
+    seen: list[float] | None = None, lr: float = 0.01, metrics: tuple[str, ...] = ()
+) -> keras.Model:
     keras.utils.set_random_seed(0)
     model = (
         seen_model(seen)
@@ -54,7 +56,9 @@ def compiled(seen: list[float] | None = None, lr: float = 0.01) -> keras.Model:
         else keras.Sequential([keras.Input((4,)), keras.layers.Dense(1)])
     )
     # Not XLA: py_function (the record above) and summaries run only outside it.
-    model.compile(optimizer=keras.optimizers.SGD(lr), loss="mse", jit_compile=False)
+    model.compile(
+        optimizer=keras.optimizers.SGD(lr), loss="mse", metrics=list(metrics), jit_compile=False
+    )
     return model
 
 
@@ -166,15 +170,51 @@ async def test_a_callbacks_stop_stays_when_the_run_is_started_again(logdir: str)
     assert sess.global_step == 2 * BATCHES  # nothing trained: the callback's stop stands
 
 
+async def test_a_resumed_fit_with_nothing_left_gives_the_callbacks_their_state(
+    logdir: str,
+) -> None:
+    """Found by the search of tests/test_resume_equivalence.py: a run killed after its final
+    save, started again, had nothing left to train, and its callbacks stayed as made."""
+
+    def callbacks() -> list[keras.callbacks.Callback]:
+        return [
+            keras.callbacks.EarlyStopping("val_loss", patience=5),
+            keras.callbacks.ReduceLROnPlateau("val_loss", patience=1, min_delta=1e9),
+        ]
+
+    ended = callbacks()
+    model = compiled()
+    async with supervisor(logdir, model).session() as sess:
+        await sess.fit(model, dataset(), epochs=3, validation_data=dataset(1), callbacks=ended,
+                       verbose=0)  # fmt: skip
+    made = callbacks()
+    model = compiled()
+    async with supervisor(logdir, model).session() as sess:
+        await sess.fit(model, dataset(), epochs=3, validation_data=dataset(1), callbacks=made,
+                       verbose=0)  # fmt: skip
+    fields = ("wait", "best", "best_epoch", "stopped_epoch", "cooldown_counter")
+    for old, new in zip(ended, made, strict=True):
+        for field in fields:
+            if hasattr(old, field):
+                assert getattr(new, field) == getattr(old, field), (type(old).__name__, field)
+    assert made[0].best is not None and made[1].best is not None  # a state given back
+
+
 async def test_a_resumed_fit_with_nothing_left_returns_an_empty_history(logdir: str) -> None:
     model = compiled()
     async with supervisor(logdir, model).session() as sess:
         await sess.fit(model, dataset(), epochs=2, verbose=0)
+    trained = [v.numpy() for v in model.optimizer.variables]
     model = compiled()
     async with supervisor(logdir, model).session() as sess:
         history = await sess.fit(model, dataset(), epochs=2, verbose=0)
     assert isinstance(history, keras.callbacks.History)
     assert history.epoch == [] and history.history == {}
+    # The optimizer took its saved state (TF warned of values left in the checkpoint).
+    assert model.optimizer.built
+    resumed = [v.numpy() for v in model.optimizer.variables]
+    assert len(resumed) == len(trained) > 1
+    assert all(np.array_equal(a, b) for a, b in zip(resumed, trained, strict=True))
 
 
 def runs(logdir: str) -> dict[str, dict[str, list[tuple[int, float]]]]:
@@ -279,6 +319,60 @@ async def test_a_stop_mid_epoch_runs_the_cut_epochs_end_once_in_the_resumed_run(
     assert sess.global_step == 3 * BATCHES and sess.data_position == (3, 0)
     firsts = [float(x[0, 0]) for x, _ in dataset()]  # each batch's first value
     assert first_run + seen == firsts + firsts + firsts  # nothing twice, nothing skipped
+
+
+class EpochLogs(keras.callbacks.Callback):
+    """The logs of each epoch's end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.logs: dict[int, dict[str, float]] = {}
+
+    def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+        self.logs[epoch] = {k: float(v) for k, v in (logs or {}).items()}
+
+
+async def fit_with_a_stop(
+    logdir: str, stop_at: tuple[str, int, int] | None
+) -> tuple[list[float], dict[int, dict[str, float]], list[np.ndarray]]:
+    """Batches trained (their first value, in order), epoch logs and weights of a run of
+    3 epochs over a reshuffling function of the epoch, stopped at ``stop_at`` (as a
+    SIGTERM would) and resumed."""
+    seen: list[float] = []
+    logs = EpochLogs()
+
+    def data(epoch: int) -> tf.data.Dataset:
+        return tf.data.Dataset.from_tensor_slices(arrays()).shuffle(64, seed=epoch).batch(8)
+
+    for record in [Record(stop_at=stop_at), Record()] if stop_at else [Record()]:
+        model = compiled(seen, metrics=("mae",))  # a compiled metric, built at the first batch
+        async with supervisor(logdir, model).session() as sess:
+            record.sess = sess
+            await sess.fit(
+                model, data, epochs=3, validation_data=dataset(seed=1),
+                callbacks=[record, logs], verbose=0,
+            )  # fmt: skip
+    assert sess.data_position == (3, 0)
+    return seen, logs.logs, [w.numpy() for w in model.weights]
+
+
+async def test_a_resumed_fit_reads_each_epoch_as_the_run_left_alone_does(tmp_path: Any) -> None:
+    """Keras opens an epoch's data at the end of the epoch before and again at its start:
+    read twice, a reshuffling dataset would give the resumed epoch another order."""
+    alone = await fit_with_a_stop(str(tmp_path / "alone"), None)
+    for where in [("train", 1, 2), ("train", 0, BATCHES - 1), ("test", 1, 0)]:
+        resumed = await fit_with_a_stop(str(tmp_path / "-".join(map(str, where))), where)
+        assert resumed[0] == alone[0], where  # the same batches, in the same order
+        assert all(np.array_equal(a, b) for a, b in zip(resumed[2], alone[2], strict=True))
+
+
+async def test_a_resumed_epoch_reports_the_means_of_all_its_batches(logdir: str) -> None:
+    """Keras' logs are running means over the epoch: the resumed epoch's include the
+    batches trained before the stop, so callbacks watching them act as in a run left alone."""
+    _, alone, _ = await fit_with_a_stop(logdir + "-alone", None)
+    _, resumed, _ = await fit_with_a_stop(logdir, ("train", 1, 2))
+    assert resumed[1] == alone[1] and resumed[2] == alone[2]
+    assert "mae" in resumed[1] and "val_mae" in resumed[1]
 
 
 async def test_a_stop_during_validation_trains_nothing_more_and_the_resumed_run_ends_it(

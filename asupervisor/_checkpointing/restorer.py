@@ -24,6 +24,7 @@ from .._training.kept_state import NAME as KEPT_STATE
 from .._training.kept_state import SEEDS
 from .._training.position import FIT_STATE
 from .._training.position import NAME as POSITION
+from .._training.reader import NAME as ITERATOR
 from .root import GLOBAL_STEP, SavedRoot
 
 VANISHED_RETRIES = 100  # passes over the logdir while the chief's sweep removes what we chose
@@ -163,7 +164,7 @@ class Restorer:
         children = self.root.children()
         missing, unexpected = top_level_differences(children, path)
         # What an older or another tool's checkpoint may lack: restored without it.
-        optional = {POSITION, FIT_STATE, KEPT_STATE, SEEDS}
+        optional = {POSITION, FIT_STATE, ITERATOR, KEPT_STATE, SEEDS}
         if not self.catalog.names.is_own(path):
             optional.add(GLOBAL_STEP)
         absent = [name for name in missing if name in optional]

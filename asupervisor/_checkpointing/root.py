@@ -26,6 +26,7 @@ from .._training.kept_state import NAME as STATE
 from .._training.kept_state import SEEDS, KeptState, seed_generators
 from .._training.position import FIT_STATE
 from .._training.position import NAME as POSITION
+from .._training.reader import NAME as ITERATOR
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -34,7 +35,7 @@ if TYPE_CHECKING:
 
 GLOBAL_STEP = "global_step"
 # Names the supervisor's root gives its own children (and TF's counter of saves).
-RESERVED = (GLOBAL_STEP, POSITION, FIT_STATE, STATE, SEEDS, "save_counter")
+RESERVED = (GLOBAL_STEP, POSITION, FIT_STATE, ITERATOR, STATE, SEEDS, "save_counter")
 
 
 def user_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:

@@ -5,10 +5,14 @@ once per ``fit`` call, and honours ``stop_training`` only inside the call; so a 
 makes exactly one call, from the saved position to the last epoch:
 
 - **The data.** Keras iterates an ``EpochStream`` once per epoch; the stream gives the
-  epoch the position names: ``data`` or ``data(epoch)``, without the batches a resumed
-  epoch already trained. The resumed epoch ends where the data would have: the stream
-  holds only its remaining batches, and fit is told to end that epoch after the last
-  of them (``stop_training``, taken back before the epoch's end is seen by callbacks).
+  epoch the position names: ``data`` or ``data(epoch)``, from the batch a resumed epoch
+  is at, through the session's reader (which restores the saved iterator state, or
+  skips). Keras asks for each epoch's iterator twice (at the end of the epoch before, and
+  at its start): the reader gives the same one, so each epoch's data is read once, as
+  in a resumed run. The resumed epoch ends where the data would have: the stream holds
+  only its remaining batches, and fit is told to end that epoch after the last of them
+  (``stop_training``, taken back before the epoch's end is seen by callbacks); its
+  metrics' running state goes back at its start (``RunningMeans``).
 - **The steps.** A callback first in the list runs the hooks' ``before_run`` and marks
   each batch for the watchdog; one last counts the batch (hooks, the global step, the
   position, step schedules) and runs the jobs queued meanwhile (saves, calls, holds).
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any
 from .._log import log
 from .kept_state import key_of
 from .position import epoch_data, is_epoch_function, skipped
+from .reader import STREAM
 from .steps import Rewind
 
 if TYPE_CHECKING:
@@ -99,14 +104,15 @@ class Plan:
 
 
 def epoch_data_adapter(
-    runtime: SessionRuntime, model: Any, data: Any, plan: Plan, weights: Any
+    runtime: SessionRuntime, model: Any, data: Any, plan: Plan, weights: Any, run: FitRun
 ) -> Any:
     """What ``fit`` reads: a Keras data adapter (``fit`` takes one as its ``x``) whose
-    stream is each epoch's data, as the position names it."""
+    stream is each epoch's data, as the position names it, read by the session's reader."""
     import tensorflow as tf
     from keras.src.trainers.data_adapters.data_adapter import DataAdapter
 
     made: dict[int, Any] = {}  # the last epoch's data: fit may ask for it more than once
+    reader = runtime.position.reader
 
     def of_epoch(epoch: int) -> Any:
         if epoch not in made:
@@ -114,10 +120,18 @@ def epoch_data_adapter(
             made[epoch] = epoch_data(data, epoch)
         return made[epoch]
 
+    def fitted(source: Any) -> Any:
+        """As fit itself does (the default strategy gives the dataset back as it is)."""
+        if weights is not None:
+            source = source.map(weights)
+        return model.distribute_strategy.experimental_distribute_dataset(source)
+
     class EpochStream(tf.distribute.DistributedDataset):  # type: ignore[misc]
         """Iterated once per epoch (with ``steps_per_epoch`` over one dataset, once for
         the run; a distributed dataset is taken by fit as it is): each time, the stream
-        is the epoch the position names, from the batch it names."""
+        is the epoch the position names, from the batch it names. Keras asks for the
+        next epoch's iterator at the end of each epoch, and again at its start: the
+        reader gives the same one, so that each epoch's data is iterated once."""
 
         @property
         def element_spec(self) -> Any:
@@ -128,21 +142,29 @@ def epoch_data_adapter(
             if plan.length is not None and batch >= plan.length:
                 epoch, batch = epoch + 1, 0  # trained, its end still to come: the next one
             if epoch >= plan.epochs:  # fit asks ahead after the last epoch: nothing left
-                epoch, batch = plan.epochs - 1, 0
-                return iter(of_epoch(epoch).take(0))
+                return iter(of_epoch(plan.epochs - 1).take(0))
+            if not run.training:
+                # Keras builds a model under a strategy from one batch, before training:
+                # one of its own, so that what training reads is not one batch on.
+                if not plan.per_function:
+                    reader.iterated(data)
+                return iter(fitted(epoch_data(data, epoch).take(1)))
             steps = plan.steps_per_epoch
-            source: Any
             if plan.keras_steps is not None:  # one stream over every epoch: it repeats
                 stream = data.repeat() if int(data.cardinality()) != INFINITE else data
-                source = stream.skip(epoch * plan.keras_steps + batch)
-            else:
-                source = skipped(of_epoch(epoch), batch)
+                return reader.open(
+                    STREAM,
+                    epoch * plan.keras_steps + batch,
+                    lambda skip: fitted(stream.skip(skip)),
+                )
+
+            def build(skip: int) -> Any:
+                source: Any = skipped(of_epoch(epoch), skip)
                 if steps is not None:
-                    source = source.take(steps - batch)
-            if weights is not None:
-                source = source.map(weights)
-            # As fit itself does (the default strategy gives the dataset back as it is).
-            return iter(model.distribute_strategy.experimental_distribute_dataset(source))
+                    source = source.take(steps - skip)
+                return fitted(source)
+
+            return reader.open(epoch, batch, build, same_data=None if plan.per_function else data)
 
         def reduce(self, initial_state: Any, reduce_func: Any) -> Any:
             raise NotImplementedError("the supervisor's stream is for fit only")
@@ -188,6 +210,10 @@ class FitRun:
         self.stopped_by_user = False  # a callback set stop_training during a batch
         self.stopped_by_keras = False  # a callback stopped fit while an interrupted end ran
         self.epoch_logs: dict[str, Any] | None = None
+        self.training = False  # on_train_begin has run: batches read now are trained
+        self.means = RunningMeans(model, plan.element_spec)
+        # Resumed inside an epoch: its metrics' running state goes back at its start.
+        self.resumed_inside = 0 < runtime.position.batch and not plan.end_due
 
     def list(self, user: Sequence[Any], validation: dict[str, Any], setup: dict[str, Any]) -> Any:
         import keras
@@ -229,6 +255,7 @@ class FitRun:
         self.user = list(user)
         self.keys = [key_of(i, cb) for i, cb in enumerate(self.user)]
         self.runtime.kept.track("callbacks", self.user, self.keys)
+        self.runtime.kept.track("fit", [self.means], [RunningMeans.KEY])
         # Keras' own History and progress bar, as fit adds them, but before Last.
         defaults = [keras.callbacks.History()]
         if verbose != 0:
@@ -247,6 +274,7 @@ class FitRun:
     def train_begin(self) -> None:
         """After every callback's ``on_train_begin`` (Keras resets them there): their kept
         state back, then an epoch end a stop interrupted."""
+        self.training = True
         self.runtime.kept.give_back("callbacks", self.user, self.keys)
         if self.plan.end_due:
             self._end_interrupted_epoch()
@@ -256,6 +284,9 @@ class FitRun:
         self.runtime.thread.mark_step(training=False)
         if self.runtime.flag.stopped or self.stopped_by_keras:
             raise FitStopped()
+        if self.resumed_inside:  # after Keras reset the metrics for the epoch
+            self.resumed_inside = False
+            self.runtime.kept.give_back("fit", [self.means], [RunningMeans.KEY])
 
     def batch_begin(self, batch: int) -> None:
         thread = self.runtime.thread
@@ -331,6 +362,45 @@ def _with_learning_rate(model: Any, logs: dict[str, Any]) -> dict[str, Any]:
     return {**logs, "learning_rate": rate}
 
 
+class RunningMeans:
+    """The running state of fit's metrics (the loss's mean too), which Keras resets at
+    each epoch's start and its logs report: kept with the other state (``state()``,
+    ``restore()``), so that an epoch resumed at batch b reports the means of all its
+    batches, as the run left alone does, and callbacks watching them act alike."""
+
+    KEY = "running_means"
+
+    def __init__(self, model: Any, element_spec: Any) -> None:
+        self.model, self.element_spec = model, element_spec
+
+    def state(self) -> dict[str, Any]:
+        import keras
+
+        return {
+            v.path: keras.ops.convert_to_numpy(v).tolist() for v in self.model.metrics_variables
+        }
+
+    def restore(self, state: Any) -> None:
+        import numpy as np
+
+        self._build()
+        for variable in self.model.metrics_variables:
+            if variable.path in state:
+                variable.assign(np.asarray(state[variable.path], dtype=variable.dtype))
+
+    def _build(self) -> None:
+        """Compiled metrics make their variables at the first batch: made now, from the
+        data's element spec, as Keras does under a strategy (when it cannot, a custom
+        ``train_step`` for one, only the loss's mean goes back)."""
+        compiled = getattr(self.model, "_compile_metrics", None)
+        if compiled is None or compiled.built:
+            return
+        try:
+            self.model._symbolic_build(data_batch=self.element_spec)
+        except Exception as exc:
+            log.info("fit.metrics_not_restored", reason=f"{type(exc).__name__}: {exc}"[:300])
+
+
 def _due(epoch: int, freq: Any) -> bool:
     """Whether fit validates after ``epoch`` (Keras' ``validation_freq``)."""
     if isinstance(freq, int):
@@ -360,6 +430,15 @@ def _class_weights(weights: Any) -> Any:
     from keras.src.trainers.data_adapters.tf_dataset_adapter import make_class_weight_map_fn
 
     return make_class_weight_map_fn(weights)
+
+
+def _build_optimizer(model: Any) -> None:
+    """The optimizer as fit's first batch would build it: it takes its restored state
+    (Keras 3 restores into an unbuilt optimizer deferred; left so, its saved values are
+    warned about as not found when the process ends)."""
+    optimizer = getattr(model, "optimizer", None)
+    if optimizer is not None and not getattr(optimizer, "built", True):
+        optimizer.build(model.trainable_variables)
 
 
 def _empty_history(model: Any) -> Any:
@@ -413,13 +492,19 @@ def _fit_once(
     plan = Plan(runtime, data, epochs, kwargs.pop("steps_per_epoch", None))
     if position.stopped or position.epoch >= epochs:
         log.info("fit.nothing_left", epoch=position.epoch, ended_by_callback=position.stopped)
+        _build_optimizer(model)
+        # The callbacks as the run left them (as if its fit had gone on to here), and kept.
+        keys = [key_of(i, cb) for i, cb in enumerate(callbacks)]
+        runtime.kept.give_back("callbacks", callbacks, keys)
+        runtime.kept.track("callbacks", callbacks, keys)
         return _empty_history(model)
     weights = _class_weights(kwargs.pop("class_weight", None))
-    stream = epoch_data_adapter(runtime, model, data, plan, weights)
     run = FitRun(runtime, model, plan)
+    stream = epoch_data_adapter(runtime, model, data, plan, weights, run)
     validation = {k: kwargs[k] for k in VALIDATION_ARGS if k in kwargs}
     setup = {"verbose": kwargs.get("verbose", "auto"), "epochs": epochs}
     callback_list = run.list(callbacks, validation, setup)
+    at_boundary = False  # fit ended between two batches (its reader's state is whole)
     with contextlib.ExitStack() as stack:
         stack.enter_context(position.counting())
         summary_step = runtime.step.summary_step
@@ -435,7 +520,9 @@ def _fit_once(
                 callbacks=callback_list,
                 **kwargs,
             )
+            at_boundary = True
         except FitStopped:
+            at_boundary = True
             if run.stopped_by_keras:
                 position.fit_stopped()
             callback_list.on_train_end(run.epoch_logs)
@@ -443,5 +530,6 @@ def _fit_once(
             if model.stop_training and position.epoch < epochs:
                 position.fit_stopped()  # a callback ended it: a restart must not go on
         finally:
+            position.reader.close(clean=at_boundary)
             runtime.step.flush()
     return model.history

@@ -5,7 +5,7 @@ and the random generators of Keras layers.
   JSON values) and ``restore(state: Mapping) -> None`` has its state saved in every
   checkpoint and given back after a restore: hooks before ``after_create_session``,
   services before they start, ``fit``'s callbacks after Keras' ``on_train_begin`` (which
-  resets them) at each ``fit`` call.
+  resets them) at each ``fit`` call, or at the call when nothing is left to train.
 - **Keras' own callbacks** have no such methods; the fields their ``on_train_begin``
   resets are kept for them: EarlyStopping's wait and best (not ``best_weights``: a
   checkpoint of the model is what ``asv.KeepBest`` keeps), ReduceLROnPlateau's wait,

@@ -4,11 +4,13 @@ One session owns one ``Position`` and changes it through its methods only. Pytho
 on the hot path (a step pays nothing for them); written into variables of the
 checkpoint just before each save, read back after a restore.
 
-Two objects go into the checkpoint: ``data_position`` (the epoch and the batch, which
-``train(epochs=)`` and ``fit`` both use) and ``fit_state`` (what ``fit`` alone needs:
+Three objects go into the checkpoint: ``data_position`` (the epoch and the batch, which
+``train(epochs=)`` and ``fit`` both use), ``fit_state`` (what ``fit`` alone needs:
 the length of an epoch when the data cannot say it, whether a callback ended ``fit``,
-and the last batch's logs, for an epoch whose end a stop interrupted).
-A checkpoint without either (older, or another tool's) restores with both at zero.
+and the last batch's logs, for an epoch whose end a stop interrupted) and
+``data_iterator`` (the state of the iterator read there: see ``reader``).
+A checkpoint without them (older, or another tool's) restores with the first two at zero
+and no iterator state (a resume inside an epoch then skips to its batch).
 """
 
 from __future__ import annotations
@@ -20,6 +22,8 @@ import json
 import math
 from collections.abc import Callable, Iterable, Iterator
 from typing import Any
+
+from .reader import Reader
 
 NAME = "data_position"  # their names in the checkpoint
 FIT_STATE = "fit_state"
@@ -43,13 +47,14 @@ class Position:
         self.epoch_batches = 0  # batches in a whole epoch, once seen (0: not known)
         self.stopped = False  # a callback ended fit (EarlyStopping): it stays ended
         self.logs: dict[str, Any] = {}  # the last batch's Keras logs
+        self.reader = Reader()  # the iterator read at this position, and its state
         self._counting = False
 
     # -- what the checkpoint holds ---------------------------------------------------
 
     def objects(self) -> dict[str, Any]:
         """The checkpoint's children for the position, by name."""
-        return {NAME: self.module, FIT_STATE: self.fit_module}
+        return {NAME: self.module, FIT_STATE: self.fit_module, **self.reader.objects()}
 
     def sync(self) -> None:
         """Training thread, before a save: the position goes into the checkpoint."""
@@ -59,6 +64,7 @@ class Position:
         fit.epoch_batches.assign(self.epoch_batches)
         fit.stopped.assign(int(self.stopped))
         fit.logs.assign(json.dumps(_numbers(self.logs)))
+        self.reader.sync((self.epoch, self.batch))
 
     def reload(self) -> None:
         """Training thread, after a restore (or a fresh start): what the checkpoint holds."""
@@ -68,6 +74,7 @@ class Position:
         self.epoch_batches = int(fit.epoch_batches.numpy())
         self.stopped = bool(fit.stopped.numpy())
         self.logs = json.loads(fit.logs.numpy().decode() or "{}")
+        self.reader.reload((self.epoch, self.batch))
 
     # -- moving ----------------------------------------------------------------------
 
@@ -86,6 +93,7 @@ class Position:
     def advance(self, batches: int = 1) -> None:
         if self._counting:
             self.batch += batches
+            self.reader.advance(batches)
 
     def go_to(self, epoch: int, batch: int) -> None:
         """A rollback moves the data past the batches that led to the divergence."""

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 from .._log import log
 from .._session.stopping import end_of_data_types
 from .hooks import Hook, RunContext
-from .position import epoch_data, skipped
+from .position import epoch_data, is_epoch_function, skipped
 from .release import release
 
 if TYPE_CHECKING:
@@ -444,17 +444,32 @@ class Stepper:
         ``epochs``, from the saved position (epoch, batch) to the end of the last epoch."""
         if epochs is None:
             return self._steps_over(step_fn, data, max_steps)[0]
-        position, before = self.runtime.position, self.steps_run
+        runtime = self.runtime
+        position, before = runtime.position, self.steps_run
+        reader = position.reader
+        # Each worker reads its own shard: one checkpoint cannot hold every worker's state.
+        alone = "" if runtime.agreement is None else "a multi-worker job (a shard per worker)"
+        same = None if is_epoch_function(data) else data
         with position.counting():
             while position.epoch < epochs:
-                source = skipped(epoch_data(data, position.epoch), position.batch)
+                epoch = position.epoch
+
+                def build(skip: int, epoch: int = epoch) -> Iterable[Any]:
+                    return skipped(epoch_data(data, epoch), skip)
+
                 left = None if max_steps is None else max_steps - (self.steps_run - before)
+                iterator = reader.open(
+                    epoch, position.batch, build, saveable=alone, same_data=same, counted=True
+                )
+                between = False  # ended at a step boundary, the epoch not over
                 try:
-                    exhausted = self._steps_over(step_fn, source, left)[1]
+                    exhausted = self._steps(step_fn, iterator, left)[1]
+                    between = not exhausted
                 except Rewind:
                     continue  # the restored position: the epoch's data again, from there
                 finally:
-                    del source  # may be the iterator itself: _steps_over hands it on
+                    del iterator  # the reader lets it go, off this thread
+                    reader.close(clean=between)
                 if not exhausted:
                     break  # a stop, or max_steps
                 position.next_epoch()

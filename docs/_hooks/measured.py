@@ -42,6 +42,9 @@ COMMANDS = {
     "evaluation_hold": "python benchmarks/evaluation_hold.py",
     "goodput": "python benchmarks/goodput.py",
     "fault_report": "python tests/faults/run_report.py",
+    "resume_cost": "python benchmarks/resume_cost.py",
+    "resume_equivalence": "python benchmarks/resume_equivalence.py",
+    "resume_equivalence_workers": "python benchmarks/resume_equivalence.py --workers",
 }
 
 

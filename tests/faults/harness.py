@@ -23,10 +23,10 @@ ROOT = TRAINER.parents[2]
 class Trainer:
     """One trainer process, with its output lines collected as they come."""
 
-    def __init__(self, logdir: str, *args: str) -> None:
+    def __init__(self, logdir: str, *args: str, script: Path = TRAINER) -> None:
         env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
         self.proc = forked.Popen(
-            [sys.executable, str(TRAINER), logdir, *args],
+            [sys.executable, str(script), logdir, *args],
             stdin=subprocess.PIPE,  # --wait-for-go reads "go" there
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -1,0 +1,259 @@
+"""Each checkpoint holds the state of the tf.data iterator read at its step boundary: a
+resumed run restores it and reads on, computing no batch before the one it resumes at;
+where no state can be (or the checkpoint has none) it goes there by Dataset.skip, and says
+what that costs."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+
+import asupervisor as asv
+from tests.conftest import named
+
+pytestmark = pytest.mark.anyio
+
+ELEMENTS = 400  # an epoch: 40 batches of 10
+
+
+class Counted:
+    """A pipeline that counts the elements it computes (its map's own variable, which
+    the iterator's state leaves out: ``ExternalStatePolicy.IGNORE``)."""
+
+    def __init__(self) -> None:
+        self.computed = tf.Variable(0, dtype=tf.int64)
+
+    def data(self, epoch: int) -> tf.data.Dataset:
+        computed = self.computed
+
+        def count(i: tf.Tensor) -> tf.Tensor:
+            computed.assign_add(1)
+            return i + 1000 * epoch
+
+        options = tf.data.Options()
+        options.experimental_external_state_policy = tf.data.experimental.ExternalStatePolicy.IGNORE
+        return tf.data.Dataset.range(ELEMENTS).map(count).batch(10).with_options(options)
+
+
+class Learner(tf.Module):
+    """Records the first element of each batch it trains."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.v = tf.Variable(0.0)
+        self.seen: list[int] = []
+
+    def step(self, batch: tf.Tensor) -> dict[str, tf.Tensor]:
+        self.seen.append(int(batch[0]))
+        self.v.assign_add(1.0)
+        return {"loss": tf.constant(1.0)}
+
+
+def supervisor(logdir: str, learner: Learner, **kwargs: Any) -> asv.Supervisor:
+    kwargs.setdefault("save_model_steps", 10)
+    return asv.Supervisor(
+        logdir,
+        checkpoint={"learner": learner},
+        save_model_secs=0,
+        save_summaries_secs=0,
+        handle_signals=False,
+        **kwargs,
+    )
+
+
+async def train(logdir: str, data: Any, steps: int, **kwargs: Any) -> Learner:
+    learner = Learner()
+    async with supervisor(logdir, learner, **kwargs).session() as sess:
+        await sess.train(learner.step, data, epochs=2, max_steps=steps)
+    return learner
+
+
+async def test_a_resume_inside_an_epoch_computes_no_batch_before_it(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    pipeline = Counted()
+    first = await train(logdir, pipeline.data, 30)  # saved at batch 30 of epoch 0
+    assert first.seen[-1] == 290
+    pipeline.computed.assign(0)
+    again = await train(logdir, pipeline.data, 1)
+    assert again.seen == [300]  # the batch after the checkpoint...
+    assert int(pipeline.computed.numpy()) < 50  # ...and its elements, not the 300 before
+    (resumed,) = named(events, "data.resumed")
+    assert resumed["key"] == 0 and resumed["batch"] == 30
+    assert not named(events, "data.resume_by_skip")
+
+
+async def test_an_older_checkpoint_without_the_iterator_resumes_by_skip(
+    tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    """A checkpoint of the position alone (as written before the iterator was saved)."""
+    logdir = str(tmp_path / "run")
+    learner = Learner()
+    learner.v.assign(30.0)
+    position = tf.Module()
+    position.epoch = tf.Variable(0, dtype=tf.int64)
+    position.batch = tf.Variable(30, dtype=tf.int64)
+    older = tf.train.Checkpoint(
+        root=tf.train.Checkpoint(learner=learner),
+        global_step=tf.Variable(30, dtype=tf.int64),
+        data_position=position,
+    )
+    _ = older.save_counter  # as every checkpoint the supervisor writes has
+    prefix = older.write(f"{logdir}/model.ckpt-30")
+    tf.compat.v1.train.update_checkpoint_state(logdir, prefix)
+
+    pipeline = Counted()
+    again = await train(logdir, pipeline.data, 1)
+    assert again.seen == [300] and float(again.v.numpy()) == 31.0
+    assert int(pipeline.computed.numpy()) >= 310  # the 30 batches before it, again
+    (skip,) = named(events, "data.resume_by_skip")
+    assert skip["batches"] == 30 and "no state" in skip["reason"]
+
+
+async def test_a_pipeline_tf_cannot_save_resumes_by_skip_and_says_so_at_start(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    def data(epoch: int) -> tf.data.Dataset:
+        ids = tf.data.Dataset.range(ELEMENTS)
+        return ids.map(lambda i: tf.py_function(lambda x: x, [i], tf.int64)).batch(10)
+
+    await train(logdir, data, 30)
+    (first,) = named(events, "data.not_saveable")
+    assert "stateful" in first["reason"]  # TF's own words: a py_function has state
+    events.clear()
+    again = await train(logdir, data, 2)
+    assert again.seen == [300, 310]  # by skip: slower, as exact
+    (skip,) = named(events, "data.resume_by_skip")
+    assert skip["batches"] == 30 and "stateful" in skip["reason"]
+    assert "computed again" in skip["cost"]
+
+
+async def test_a_pipeline_changed_since_the_save_falls_back_to_skip(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    await train(logdir, Counted().data, 30)
+
+    def changed(epoch: int) -> tf.data.Dataset:  # a filter more: TF's state does not fit
+        numbers = tf.data.Dataset.range(ELEMENTS).filter(lambda i: i >= 0)
+        return numbers.map(lambda i: i * 2).batch(10)
+
+    again = await train(logdir, changed, 1)
+    assert again.seen == [600]  # batch 30 of the pipeline given now
+    (skip,) = named(events, "data.resume_by_skip")
+    assert "does not fit" in skip["reason"]
+
+
+async def test_an_async_save_holds_the_iterator_of_its_own_step_boundary(logdir: str) -> None:
+    pipeline = Counted()
+    with pytest.raises(RuntimeError, match="crash"):
+        learner = Learner()
+        sv = supervisor(logdir, learner, async_checkpoint=True, save_model_steps=7)
+        async with sv.session() as sess:
+            await sess.train(learner.step, pipeline.data, epochs=2, max_steps=23)
+            raise RuntimeError("crash: no final save")  # as a kill: the last save was at 21
+    pipeline.computed.assign(0)
+    again = await train(logdir, pipeline.data, 1)
+    assert again.seen == [210] and float(again.v.numpy()) == 22.0
+    assert int(pipeline.computed.numpy()) < 50
+
+
+async def test_a_reshuffling_dataset_given_once_resumes_each_later_epoch_in_its_order(
+    tmp_path: Path,
+) -> None:
+    """The same dataset every epoch, reshuffled at each iteration: its next order comes
+    from its seed generator, which the iterator's state restores."""
+
+    def data() -> tf.data.Dataset:  # made anew by each run, as each process would
+        return tf.data.Dataset.range(ELEMENTS).shuffle(ELEMENTS, seed=3).batch(10)
+
+    alone = await train(str(tmp_path / "alone"), data(), 80)
+    assert alone.seen[:40] != alone.seen[40:]  # the second epoch in another order
+    for cut in (17, 40):  # inside the first epoch; at the second's first batch
+        logdir = str(tmp_path / f"cut{cut}")
+        first = await train(logdir, data(), cut)
+        rest = await train(logdir, data(), 80 - cut)
+        assert first.seen + rest.seen == alone.seen, cut
+
+
+async def test_a_rollback_restores_the_iterator_and_moves_it_past_the_divergence(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    pipeline = Counted()
+    learner = Learner()
+
+    def step(batch: tf.Tensor) -> dict[str, tf.Tensor]:
+        learner.step(batch)
+        return {"loss": tf.constant(math.nan if int(batch[0]) == 250 else 1.0)}
+
+    sv = supervisor(logdir, learner, on_divergence=asv.Rollback(skip=1))
+    async with sv.session() as sess:
+        await sess.train(step, pipeline.data, epochs=1, max_steps=30)
+    # Batch 25 diverged: back to the checkpoint of step 20, then on from batch 27.
+    assert learner.seen[:26] == list(range(0, 260, 10))
+    assert learner.seen[26:] == list(range(270, 310, 10))
+    (resumed,) = named(events, "data.resumed")
+    assert resumed["batch"] == 27 and resumed["advanced"] == 7
+
+
+async def test_a_shuffle_without_any_seed_is_said_to_be_not_exact_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    def data(epoch: int) -> tf.data.Dataset:
+        return tf.data.Dataset.range(ELEMENTS).shuffle(50).batch(10)
+
+    tf.random.set_seed(None)  # no global seed (another test of this process may set one)
+    await train(logdir, data, 50)
+    (said,) = named(events, "data.not_exact")  # once, though two epochs were opened
+    assert "seed" in said["reason"]
+    events.clear()
+    await train(logdir + "-seeded", lambda epoch: data(epoch).shuffle(5, seed=epoch), 5)
+    assert named(events, "data.not_exact")  # the inner shuffle has none
+    events.clear()
+    seeded = await train(
+        logdir + "-all", lambda e: tf.data.Dataset.range(9).shuffle(9, seed=e).batch(3), 5
+    )
+    assert seeded.seen and not named(events, "data.not_exact")
+
+
+async def test_fit_resumes_inside_an_epoch_computing_no_batch_before_it(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    import keras
+
+    pipeline = Counted()
+
+    def data(epoch: int) -> tf.data.Dataset:
+        numbers = pipeline.data(epoch).map(lambda b: tf.cast(b, tf.float32)[:, None])
+        return numbers.map(lambda x: (x, 2.0 * x))
+
+    class StopAfter(keras.callbacks.Callback):
+        def __init__(self, sess: asv.ManagedSession, batches: int) -> None:
+            super().__init__()
+            self.sess, self.left = sess, batches
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.left -= 1
+            if self.left == 0:
+                self.sess.request_stop(reason=asv.StopReason.SIGNAL)  # as a SIGTERM
+
+    async def fit(batches: int) -> tuple[int, int]:
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        sv = asv.Supervisor(
+            logdir, checkpoint={"model": model, "opt": model.optimizer}, save_model_secs=0,
+            save_model_steps=1000, save_summaries_secs=0, handle_signals=False,
+        )  # fmt: skip
+        async with sv.session() as sess:
+            await sess.fit(model, data, epochs=2, callbacks=[StopAfter(sess, batches)], verbose=0)
+        return sess.data_position
+
+    assert await fit(30) == (0, 30)
+    pipeline.computed.assign(0)
+    assert await fit(1) == (0, 31)
+    assert int(pipeline.computed.numpy()) < 50  # not the 300 elements before batch 30
+    (resumed,) = named(events, "data.resumed")
+    assert resumed["batch"] == 30

@@ -1,0 +1,244 @@
+"""A run interrupted any number of times ends where the same run left alone ends.
+
+A search across real processes (tests/faults/deterministic.py, forked, really killed):
+a deterministic run of ``sess.train(step, data, epochs=)`` or of ``sess.fit`` with
+validation, EarlyStopping, ReduceLROnPlateau and ModelCheckpoint is started, interrupted
+with SIGKILL or SIGTERM after a random number of steps, saves, epoch ends or validations,
+started again, and so on; then it runs to its end, and its final state (weights, the
+optimizer's iterations, the learning rate, Dropout's random state, a hook's and the
+callbacks' kept state) and the batches it trained, in order, must be bitwise those of the
+run left alone.
+
+The suite runs a short search from a random seed, printed (``ASV_RESUME_SEED=<seed>``
+replays it); ``ASV_FUZZ=1`` (``make fuzz``) a long one. Each sequence a search finds is
+kept below as a plain regression test.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import signal
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, seed, settings
+from hypothesis import strategies as st
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
+
+from tests.faults.deterministic import batch_differences, compare, trained
+from tests.faults.harness import Trainer
+
+FUZZ = os.environ.get("ASV_FUZZ") == "1"
+SEED = int(os.environ.get("ASV_RESUME_SEED") or random.randrange(2**32))
+PROGRAM = Path(__file__).parent / "faults" / "deterministic.py"
+MARKERS = {  # what a run prints, by the moment an interruption follows
+    "step": "step ",
+    "save": "saved ",
+    "epoch end": "epoch ",
+    "validation": "validating",
+}
+SIGNALS = {"SIGKILL": signal.SIGKILL, "SIGTERM": signal.SIGTERM}
+
+pytestmark = pytest.mark.slow
+
+
+class Run:
+    """One logdir, and the processes that train in it one after the other."""
+
+    def __init__(self, directory: str, mode: str) -> None:
+        self.directory, self.mode = directory, mode
+        self.logdir = os.path.join(directory, "run")
+        self.record = os.path.join(directory, "trained")
+        self.final = os.path.join(directory, "final.npz")
+        self.process: Trainer | None = None
+        self.finished = False
+        self.story: list[str] = []  # what was done, for a failure's message
+
+    def start(
+        self, backend: str = "asyncio", background: bool = False, save_steps: int = 7
+    ) -> None:
+        args = ["--mode", self.mode, "--record", self.record, "--final", self.final]
+        args += ["--backend", backend, "--save-steps", str(save_steps)]
+        args += ["--async"] if background else []
+        self.process = Trainer(self.logdir, *args, script=PROGRAM)
+        self.story.append(f"start({backend}, async={background}, save_steps={save_steps})")
+        self.process.wait_for(lambda: self.process is None or self.process.restored is not None)
+
+    def interrupt(self, after: str, count: int, how: str) -> None:
+        """``how`` once ``count`` more ``after`` markers are out (or the run has ended)."""
+        process = self.process
+        assert process is not None
+        marker = MARKERS[after if self.mode == "fit" or after in ("step", "save") else "save"]
+        seen = sum(line.startswith(marker) for line in list(process.lines))
+
+        def reached() -> bool:
+            now = sum(line.startswith(marker) for line in list(process.lines))
+            return now >= seen + count or process.proc.poll() is not None
+
+        process.wait_for(reached, timeout=300)
+        process.proc.send_signal(SIGNALS[how])
+        code = process.proc.wait(300)
+        self.process = None
+        self.story.append(f"interrupt(after={count} {after}, {how}) -> exit {code}")
+        # -SIGTERM: it came after the session had ended, before the process did (the
+        # session's handler is gone then): the run is over, its final state maybe not.
+        assert code in (0, 42, -signal.SIGKILL, -signal.SIGTERM), self._failed(process, code)
+        self.finished = code == 0  # it had trained to its end before the signal
+
+    def to_the_end(self) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process = None
+        if not self.finished:
+            self.start()
+            process = self.process
+            assert process is not None
+            code = process.proc.wait(600)
+            self.process = None
+            assert code == 0, self._failed(process, code)
+        self.story.append("to the end")
+
+    def once_more(self) -> None:
+        """Started again after its end (as after a kill between its final save and its
+        exit): it has nothing left to train."""
+        self.finished = False
+        self.to_the_end()
+
+    def _failed(self, process: Trainer, code: int) -> str:
+        return f"exit {code} after {self.story}:\n{process.stderr_text()[-3000:]}"
+
+    def outcome(self) -> tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]:
+        return dict(np.load(self.final)), trained(self.record)
+
+
+_alone: dict[str, tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]] = {}
+
+
+def left_alone(mode: str) -> tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]:
+    """The run left alone (once per test process)."""
+    if mode not in _alone:
+        directory = tempfile.mkdtemp(prefix="asv-alone-")
+        run = Run(directory, mode)
+        run.to_the_end()
+        _alone[mode] = run.outcome()
+        shutil.rmtree(directory, ignore_errors=True)
+    return _alone[mode]
+
+
+def assert_same_as_left_alone(run: Run) -> None:
+    final, batches = run.outcome()
+    reference, reference_batches = left_alone(run.mode)
+    differences = compare(final, reference)
+    moved = batch_differences(batches, reference_batches)
+    assert differences["weights_bitwise"] and not differences["unequal"], (run.story, differences)
+    assert moved == {"batches_moved": 0, "examples_repeated": 0, "examples_skipped": 0}, (
+        run.story,
+        moved,
+    )
+
+
+def machine(mode: str) -> Callable[[], RuleBasedStateMachine]:
+    class Interruptions(RuleBasedStateMachine):
+        def __init__(self) -> None:
+            super().__init__()
+            self.run = Run(tempfile.mkdtemp(prefix="asv-resume-"), mode)
+
+        @precondition(lambda self: self.run.process is None and not self.run.finished)
+        @rule(
+            backend=st.sampled_from(["asyncio", "trio"]),
+            background=st.booleans(),
+            save_steps=st.sampled_from([3, 7, 11]),
+        )
+        def start(self, backend: str, background: bool, save_steps: int) -> None:
+            self.run.start(backend, background, save_steps)
+
+        @precondition(lambda self: self.run.process is not None)
+        @rule(
+            after=st.sampled_from(list(MARKERS)),
+            count=st.integers(1, 25),
+            how=st.sampled_from(list(SIGNALS)),
+        )
+        def interrupt(self, after: str, count: int, how: str) -> None:
+            self.run.interrupt(after, count if after == "step" else 1 + count % 2, how)
+
+        @precondition(lambda self: self.run.finished)
+        @rule()
+        def over(self) -> None:
+            """The run trained to its end before a signal reached it: nothing left to do."""
+
+        def teardown(self) -> None:
+            try:
+                self.run.to_the_end()
+                assert_same_as_left_alone(self.run)
+            finally:
+                if self.run.process is not None:
+                    self.run.process.kill()
+                shutil.rmtree(self.run.directory, ignore_errors=True)
+
+    return seed(SEED)(Interruptions)  # type: ignore[no-any-return]
+
+
+@pytest.mark.parametrize("mode", ["train", "fit"])
+def test_a_run_interrupted_at_random_ends_as_the_run_left_alone(mode: str) -> None:
+    print(f"resume equivalence search: ASV_RESUME_SEED={SEED}")
+    run_state_machine_as_test(
+        machine(mode),
+        settings=settings(
+            max_examples=25 if FUZZ else 1,
+            stateful_step_count=12 if FUZZ else 5,
+            deadline=None,
+            suppress_health_check=list(HealthCheck),
+            database=None,
+        ),
+    )
+
+
+# -- sequences found, kept -----------------------------------------------------------
+
+
+def test_fit_stopped_mid_epoch_by_sigterm_reads_the_rest_of_the_epoch_as_left_alone(
+    tmp_path: Path,
+) -> None:
+    """Keras opened each epoch's data twice (at the end of the epoch before, and at its
+    start): the run left alone read the reshuffled second iteration, a resumed one the
+    first. And the resumed epoch's logs (the loss's running mean) covered only the batches
+    after the resume."""
+    run = Run(str(tmp_path), "fit")
+    run.start()
+    run.interrupt("step", 27, "SIGTERM")
+    run.start("trio")
+    run.interrupt("validation", 1, "SIGKILL")
+    run.to_the_end()
+    assert_same_as_left_alone(run)
+
+
+def test_train_killed_after_async_saves_then_stopped_by_sigterm_ends_as_left_alone(
+    tmp_path: Path,
+) -> None:
+    run = Run(str(tmp_path), "train")
+    run.start(background=True, save_steps=3)
+    run.interrupt("save", 2, "SIGKILL")
+    run.start(save_steps=11)
+    run.interrupt("step", 14, "SIGTERM")
+    run.to_the_end()
+    assert_same_as_left_alone(run)
+
+
+def test_fit_started_again_after_its_end_ends_as_left_alone(tmp_path: Path) -> None:
+    """Found by the search: a run killed after its final save, started again, had nothing
+    left to train, and its callbacks stayed as made (EarlyStopping's best was None)."""
+    run = Run(str(tmp_path), "fit")
+    run.to_the_end()
+    run.once_more()
+    assert_same_as_left_alone(run)
