@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from . import __version__
 from ._cli import evaluate as _evaluate_cli
 from ._cli.inspect import render
+from ._cli.quiet import quiet_tensorflow
 from ._cli.run import add_commands
 from ._cli.text import shown
 from ._logdir.report import inspect_logdir
@@ -60,26 +61,6 @@ def _parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _quiet_tensorflow() -> None:
-    """Keep TensorFlow's start-up chatter off the terminal (the CLI's choice, not the library's)."""
-    if "tensorflow" in sys.modules:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    # absl prints some lines before TF_CPP_MIN_LOG_LEVEL applies, and a machine
-    # without a GPU reports a failed cuInit when devices are first listed.
-    os.dup2(devnull, 2)
-    try:
-        import tensorflow
-
-        tensorflow.config.list_physical_devices()
-    finally:
-        os.dup2(saved, 2)
-        os.close(devnull)
-        os.close(saved)
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     if args.command == "evaluate":
@@ -88,7 +69,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if handler is not None:  # run, health
         return int(handler(args))
     if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
-        _quiet_tensorflow()
+        quiet_tensorflow()
     try:
         report = inspect_logdir(args.logdir, verify=args.verify)
     except (FileNotFoundError, NotADirectoryError) as exc:

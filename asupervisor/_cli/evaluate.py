@@ -18,6 +18,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .._evaluate.choice import BACKLOG
+from .quiet import quiet_tensorflow
 
 if sys.version_info < (3, 11):  # pragma: no cover
     from exceptiongroup import BaseExceptionGroup
@@ -148,7 +149,7 @@ def main(args: argparse.Namespace) -> int:
 
     if not logging.getLogger().handlers:
         logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
-    _quiet_tensorflow()
+    quiet_tensorflow()
     stopped_by: list[str] = []
     try:
         checkpoint, eval_fn = _made(load_factory(args.script, args.module)())
@@ -184,26 +185,6 @@ def _leaf(error: BaseException) -> BaseException:
     while isinstance(error, BaseExceptionGroup) and len(error.exceptions) == 1:
         error = error.exceptions[0]
     return error
-
-
-def _quiet_tensorflow() -> None:
-    """Keep TensorFlow's start-up chatter off the terminal (the command's choice, not the
-    library's): absl prints some lines before TF_CPP_MIN_LOG_LEVEL applies, and a machine
-    without a GPU reports a failed cuInit when devices are first listed."""
-    if "tensorflow" in sys.modules:
-        return
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
-    sys.stderr.flush()
-    saved, devnull = os.dup(2), os.open(os.devnull, os.O_WRONLY)
-    os.dup2(devnull, 2)
-    try:
-        import tensorflow
-
-        tensorflow.config.list_physical_devices()
-    finally:
-        os.dup2(saved, 2)
-        os.close(devnull)
-        os.close(saved)
 
 
 def _made(made: Any) -> tuple[Any, Callable[[], Any]]:
