@@ -99,6 +99,26 @@ REACHES = {
         # with the global step's increment keeps the user's choice.
         'getattr(fn, "_reduce_retracing", ...)',
     },
+    "asupervisor/_training/reader.py": {
+        # A tf.data iterator's state as tensors: the saveable protocol every Trackable
+        # implements and tf.train.Checkpoint calls; the reader stores the state beside
+        # the position instead of re-binding a new iterator into the checkpoint per epoch.
+        'hasattr(iterator, "_serialize_to_tensors")',
+        "iterator._serialize_to_tensors",
+        "iterator._restore_from_tensors",
+        # Whether a shuffle has no seed at all (one log line at start, data.not_exact): a
+        # pipeline's inputs and a shuffle's seeds are not public.
+        'getattr(dataset, "_inputs", ...)',
+        'getattr(dataset, "_seed", ...)',
+        'getattr(dataset, "_seed2", ...)',
+    },
+    "asupervisor/_training/fit.py": {
+        # Compiled metrics make their variables at the first batch; a resumed epoch gives
+        # back their running state before it, so they are built as Keras builds them under
+        # a strategy (no public build of them alone).
+        'getattr(self.model, "_compile_metrics", ...)',
+        "self.model._symbolic_build",
+    },
 }
 # Documented functions of the standard library whose names start with an underscore.
 DOCUMENTED = {"os._exit", "sys._current_frames"}

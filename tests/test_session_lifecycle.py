@@ -245,10 +245,12 @@ async def test_a_cancellation_from_outside_ends_the_session_at_once(
     logdir: str, pair: Pair
 ) -> None:
     sv = quick(logdir, checkpoint={"pair": pair}, save_model_secs=60)
-    with anyio.move_on_after(0.3) as outer:
+    with anyio.CancelScope() as outer:
         async with sv.session() as sess:
             while True:
                 await sess.run(pair.step)
+                if sess.global_step == 3:  # some steps in, whatever the machine's load
+                    outer.cancel()
     assert outer.cancelled_caught
     steps = sess.global_step
     assert steps > 0
