@@ -3,12 +3,14 @@
 A search is random, seeded, and bounded by time: new sequences are tried until its budget
 is spent. The seed is ``ASV_SEED`` (tests/conftest.py draws one when it is not set, and
 prints it in the report's header and at the end), so ``ASV_SEED=<n>`` runs the same
-sequences again; ``ASV_FUZZ=1`` (``make fuzz``) gives each search a long budget.
+sequences again; ``ASV_FUZZ=1`` (``make fuzz``) gives each search a long budget
+(``ASV_FUZZ_SECS=<s>`` sets it).
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import sys
 import time
@@ -17,11 +19,12 @@ from collections.abc import Iterator
 from typing import Any
 
 from hypothesis import HealthCheck, seed, settings
-from hypothesis.control import current_build_context
 from hypothesis.errors import Flaky, HypothesisException
+from hypothesis.stateful import RULE_MARKER
 
 SEED_VARIABLE = "ASV_SEED"
 FUZZ = os.environ.get("ASV_FUZZ") == "1"
+FUZZ_SECS = float(os.environ.get("ASV_FUZZ_SECS") or 0)
 
 
 def search_seed() -> int:
@@ -45,11 +48,15 @@ class BudgetSpent(KeyboardInterrupt):
     inconsistent: FlakyStrategyDefinition."""
 
 
+CUT_SECS = 2.0  # a sequence still running this long past its search's budget is cut short
+
+
 class Budget:
     """A search's time. Until it is spent, every new sequence runs; then the search
-    ends at the start of the next one. Once a sequence has failed, the budget no longer
-    applies: the search shrinks the failure to its minimal sequence however long that
-    takes, and replays it."""
+    ends at the start of the next one, or at the next step of a sequence still running
+    ``CUT_SECS`` past it (a loaded machine does not stretch the search). Once a sequence
+    has failed, the budget no longer applies: the search shrinks the failure to its
+    minimal sequence however long that takes, and replays it."""
 
     def __init__(self, seconds: float) -> None:
         self.seconds = seconds
@@ -57,6 +64,7 @@ class Budget:
         self.failed = False
         self.admitted = 0
         self.first_failure: str | None = None  # its steps and its error, as they came
+        self.steps: list[str] = []  # the running sequence's steps (``traced``)
 
     def admit(self) -> None:
         """At the start of a sequence (the machine's ``__init__``)."""
@@ -66,6 +74,14 @@ class Budget:
         if not self.failed and now - self.started > self.seconds:
             raise BudgetSpent
         self.admitted += 1
+        self.steps = []
+
+    def check(self) -> None:
+        """After each step of a sequence (an invariant of the machine)."""
+        if self.started is None or self.failed:
+            return
+        if time.monotonic() - self.started > self.seconds + CUT_SECS:
+            raise BudgetSpent
 
     def ended(self) -> None:
         """At the end of a sequence (the machine's ``teardown``, which runs in the
@@ -74,7 +90,8 @@ class Budget:
         if isinstance(exc, Exception) and not isinstance(exc, HypothesisException):
             self.failed = True
             if self.first_failure is None:
-                self.first_failure = _steps() + "".join(traceback.format_exception(exc))
+                steps = "".join(f"{step}\n" for step in self.steps)
+                self.first_failure = steps + "".join(traceback.format_exception(exc))
 
     @contextlib.contextmanager
     def reporting(self) -> Iterator[None]:
@@ -91,13 +108,31 @@ class Budget:
             raise
 
 
-def _steps() -> str:
-    """The steps the running sequence took (Hypothesis records them as it runs)."""
-    try:
-        data = current_build_context().data
-        return "\n".join(getattr(data, "_stateful_repr_parts", []) or []) + "\n"
-    except Exception:  # outside a search, or Hypothesis keeps them elsewhere now
-        return ""
+def traced(machine: Any) -> Any:
+    """Each rule the machine runs is written down first (Hypothesis shows the steps of
+    its final replay only, which a failure that depends on timing may not reach): the
+    machine's ``budget`` keeps the steps of the running sequence."""
+    for name in dir(machine):
+        rule = getattr(getattr(machine, name), RULE_MARKER, None)
+        if rule is not None:
+            rule.function = _tracing(rule.function)
+    return machine
+
+
+def _tracing(fn: Any) -> Any:
+    @functools.wraps(fn)
+    def run(self: Any, **arguments: Any) -> Any:
+        shown = ", ".join(f"{k}={v!r}" for k, v in arguments.items())
+        self.budget.steps.append(f"state.{fn.__name__}({shown})")
+        return fn(self, **arguments)
+
+    return run
+
+
+def search_budget(*, suite: float, fuzz: float) -> Budget:
+    """A search's time: ``suite`` seconds in the suite, ``fuzz`` (or ``ASV_FUZZ_SECS``)
+    in a long search."""
+    return Budget((FUZZ_SECS or fuzz) if FUZZ else suite)
 
 
 def search_settings(*, examples: int, steps: int) -> settings:

@@ -36,11 +36,11 @@ from asupervisor._logdir.history import History, index_names, read_history
 from asupervisor._logdir.store import Store
 from asupervisor._logdir.verify import verify_checkpoint
 from tests.faults.harness import ROOT, TRAINER, Trainer, checkpoint_problems
-from tests.search import FUZZ, Budget, search_settings, seeded
+from tests.search import FUZZ, search_budget, search_settings, seeded, traced
 
 pytestmark = pytest.mark.slow
 
-BUDGET = Budget(1800 if FUZZ else 35)
+BUDGET = search_budget(suite=8, fuzz=1800)
 END_SECS = 120  # a trainer that takes longer than this to end is stuck: a finding
 
 
@@ -82,7 +82,10 @@ def end_line(logdir: str, pid: int) -> ledger.SessionRecord | None:
     return found[-1] if found else None
 
 
+@traced
 class Processes(RuleBasedStateMachine):
+    budget = BUDGET
+
     def __init__(self) -> None:
         BUDGET.admit()
         super().__init__()
@@ -234,6 +237,10 @@ class Processes(RuleBasedStateMachine):
         self.step = max(self.step, first.last_step)
 
     # -- what must hold ------------------------------------------------------------------
+
+    @invariant()
+    def within_the_budget(self) -> None:
+        BUDGET.check()
 
     def check_clean_end(self, run: Trainer, step: int, status: int, outcome: str) -> None:
         after = history(self.logdir)
