@@ -48,7 +48,7 @@ class BudgetSpent(KeyboardInterrupt):
     inconsistent: FlakyStrategyDefinition."""
 
 
-CUT_SECS = 2.0  # a sequence still running this long past its search's budget is cut short
+CUT_SECS = 1.5  # a sequence still running this long past its search's budget is cut short
 
 
 class Budget:

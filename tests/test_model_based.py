@@ -729,12 +729,17 @@ class Sessions(RuleBasedStateMachine):
 
     @invariant()
     def every_checkpoint_holds_one_step_boundary(self) -> None:
+        """Every listed checkpoint holds one step boundary; the ones on the head's line
+        are at or before the session's step (a rollback's abandoned commits stay listed
+        until the next commit sweeps them, and may be past it)."""
         state = tf.train.get_checkpoint_state(self.logdir)  # committed: not a write in flight
+        line = {c.name for c in self.history().line()}
         for path in [] if state is None else state.all_model_checkpoint_paths:
             reader = tf.train.load_checkpoint(path)
             step = int(reader.get_tensor("global_step/.ATTRIBUTES/VARIABLE_VALUE"))
             assert reader.get_tensor("v/.ATTRIBUTES/VARIABLE_VALUE") == step
-            assert step <= self.step or self.body is None
+            if os.path.basename(path) in line and self.body is not None:
+                assert step <= self.step, (path, self.step, self.history().line())
 
     @invariant()
     def between_sessions_the_head_is_the_newest_and_the_rollbacks_counted(self) -> None:
@@ -819,7 +824,7 @@ def disk(tmp_path: Path) -> Iterator[Path | None]:
 def test_sessions_keep_their_promises_under_random_sequences(
     backend: str, quiet_sigterm: Any, disk: Path | None
 ) -> None:
-    budget = search_budget(suite=4, fuzz=600)
+    budget = search_budget(suite=2, fuzz=600)
 
     async def main() -> None:
         async with anyio.create_task_group() as tg:

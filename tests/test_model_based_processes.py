@@ -40,7 +40,7 @@ from tests.search import FUZZ, search_budget, search_settings, seeded, traced
 
 pytestmark = pytest.mark.slow
 
-BUDGET = search_budget(suite=8, fuzz=1800)
+BUDGET = search_budget(suite=6, fuzz=1800)
 END_SECS = 120  # a trainer that takes longer than this to end is stuck: a finding
 
 
