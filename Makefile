@@ -31,10 +31,12 @@ multiworker: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -q -n 2
 
-# The model-based searches, long: hundreds of random sequences in process and across
-# real processes (the suite runs a short, fixed one).
+# The model-based searches, long: hundreds of random sequences in process, across real
+# processes and over the history (the suite gives each a few seconds). The seed is
+# printed first and last: ASV_SEED=<n> runs the same sequences again; ASV_FUZZ_SECS=<s>
+# sets each search's length.
 fuzz: $(STAMP)
-	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py
+	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py tests/test_history.py
 
 # Every benchmark the docs show a table of (docs/_hooks/measured.py names them), then
 # their tables written into the pages. Long: peers, multiworker and goodput take a while;

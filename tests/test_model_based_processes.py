@@ -35,6 +35,7 @@ from asupervisor._logdir import ledger
 from asupervisor._logdir.history import History, index_names, read_history
 from asupervisor._logdir.store import Store
 from asupervisor._logdir.verify import verify_checkpoint
+from tests import forked
 from tests.faults.harness import ROOT, TRAINER, Trainer, checkpoint_problems
 from tests.search import FUZZ, search_budget, search_settings, seeded, traced
 
@@ -280,6 +281,7 @@ class Processes(RuleBasedStateMachine):
 
 
 def test_real_processes_keep_their_promises_under_random_sequences() -> None:
+    forked.start_server()
     with BUDGET.reporting():
         run_state_machine_as_test(
             seeded(Processes),
