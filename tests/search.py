@@ -101,11 +101,17 @@ class Budget:
         try:
             yield
         except BudgetSpent:
-            print(f"the search ran {self.admitted} sequences in its {self.seconds:g} s")
+            took = 0.0 if self.started is None else time.monotonic() - self.started
+            print(
+                f"the search ran {self.admitted} sequences in its {self.seconds:g} s "
+                f"({took:.1f} s from its first)"
+            )
         except Flaky as exc:
             if self.first_failure is not None:
                 exc.add_note("The first failing sequence, as it ran:\n" + self.first_failure)
             raise
+        else:  # every example ran within the budget
+            print(f"the search ran all its {self.admitted} sequences")
 
 
 def traced(machine: Any) -> Any:
