@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+# The model-based searches' seed: one per run, drawn here (before pytest-xdist starts its
+# workers, which inherit it) unless given; printed first and last (tests/search.py).
+os.environ.setdefault("ASV_SEED", str(random.SystemRandom().randrange(2**32)))
 
 import subprocess
 from collections.abc import Iterator
@@ -18,6 +22,15 @@ import tensorflow as tf
 
 import asupervisor as asv
 from tests.gcs_fixture import FakeGcs, binary
+from tests.search import replay_line
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return replay_line()
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    terminalreporter.write_line(replay_line())
 
 
 @pytest.fixture(params=["asyncio", "trio"])

@@ -87,6 +87,13 @@ class _Server:
             return int(self._reply(timeout=60)["pid"])
 
 
+def start_server() -> None:
+    """Start the fork server now (else at first use): a test whose search is bounded by
+    time starts it first, so that the budget is spent on the search (the server is the
+    test process's, shared with every later test in it)."""
+    _Server.get()
+
+
 def _script_argv(args: list[str]) -> list[str]:
     if not args or args[0] != sys.executable:
         raise ValueError(f"forked.Popen runs `{sys.executable} SCRIPT|-c CODE ...`, not {args}")

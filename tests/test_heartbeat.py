@@ -7,6 +7,7 @@ blocks its own event loop, and while one step never ends: both must show as stal
 from __future__ import annotations
 
 import dataclasses
+import errno
 import json
 import os
 import threading
@@ -27,6 +28,7 @@ from asupervisor._logdir.heartbeat import Beat, Verdict, judge
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 from tests.conftest import Pair, named, pair_supervisor
+from tests.disk import fill, small_disk
 
 
 class Sampler:
@@ -321,3 +323,23 @@ async def test_a_session_tells_the_runner_its_commits_not_its_restores(
     assert (first.run, first.committed_step, second.committed_step) == ("run-1", 5, None)
     assert first.first_step_at is not None and second.restored_commit_at is not None
     assert second.restored_commit_at == pytest.approx(first.committed_at, abs=1.0)
+
+
+def test_a_ledger_line_a_full_disk_cuts_is_an_error_and_takes_no_other_line_with_it(
+    tmp_path: Path,
+) -> None:
+    """A write the disk has room for only part of is short, not an error: the ledger
+    must not take it as written, nor leave the cut line for the next one to be glued to
+    (both would be lost to every reader)."""
+    with small_disk(tmp_path / "disk", "1m") as disk:
+        if disk is None:
+            pytest.skip("no tmpfs can be mounted here to fill")
+        store = Store(str(disk))
+        _ledger.append(store, {"session": "a", "event": "start", "pad": "x" * 3000})
+        with fill(disk / "filler"):  # about 1 KiB left in the ledger's page
+            with pytest.raises(OSError) as raised:
+                _ledger.append(store, {"session": "a", "event": "end", "pad": "y" * 3000})
+        assert raised.value.errno == errno.ENOSPC
+        _ledger.append(store, {"session": "b", "event": "start"})
+        lines = (disk / _ledger.NAME).read_text().splitlines()
+        assert [json.loads(line)["session"] for line in lines] == ["a", "b"]

@@ -6,15 +6,14 @@ The stateful search commits, rolls back, restarts, holds leases and moves an eva
 along, and after each step checks the logdir against a reference model: the head, the
 state file, which checkpoints are on disk (no more, no fewer), that an abandoned commit
 is never a candidate and is kept until the new branch's first commit, that the rollback
-target, the last good commit and the evaluator's backlog survive every sweep. Its seed
-is random, and printed (``ASV_HISTORY_SEED=<seed>`` runs it again); each minimal failing
-sequence it found is a plain test below.
+target, the last good commit and the evaluator's backlog survive every sweep. Seeded and
+bounded by time like the other searches (tests/search.py: ``ASV_SEED=<seed>`` runs it
+again, ``ASV_FUZZ=1`` long); each minimal failing sequence it found is a plain test below.
 """
 
 from __future__ import annotations
 
 import json
-import os
 import random
 import subprocess
 import sys
@@ -25,7 +24,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import HealthCheck, seed, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
     RuleBasedStateMachine,
@@ -42,6 +40,7 @@ from asupervisor._logdir.leases import hold, let_go, register
 from asupervisor._logdir.records import EVALUATED, Record, evaluated_store, write_evaluated
 from asupervisor._logdir.retention import Retention
 from asupervisor._logdir.store import Store
+from tests.search import FUZZ, search_budget, search_seed, search_settings, seeded, traced
 
 BASENAME = "model.ckpt"
 EVERY_HOURS = 0.5  # with commits 1000 s apart: every other one leaves the list preserved
@@ -136,8 +135,12 @@ class Model:
 # -- the machine ----------------------------------------------------------------------------
 
 
+@traced
 class HistoryMachine(RuleBasedStateMachine):
+    budget = search_budget(suite=4, fuzz=600)
+
     def __init__(self) -> None:
+        self.budget.admit()
         super().__init__()
         self.dir = tempfile.mkdtemp(prefix="asv-history-")
         self.store = Store(self.dir)
@@ -151,7 +154,12 @@ class HistoryMachine(RuleBasedStateMachine):
     def teardown(self) -> None:
         import shutil
 
+        self.budget.ended()
         shutil.rmtree(self.dir, ignore_errors=True)
+
+    @invariant()
+    def within_the_budget(self) -> None:
+        self.budget.check()
 
     @precondition(lambda self: self.model is None)
     @rule(
@@ -337,21 +345,12 @@ class HistoryMachine(RuleBasedStateMachine):
             assert healthy.name in on_disk(self.store)
 
 
-SEED = int(os.environ.get("ASV_HISTORY_SEED") or random.randrange(2**32))
-FUZZ = os.environ.get("ASV_FUZZ") == "1"
-
-
 def test_the_history_and_its_rules_hold_against_a_plain_model() -> None:
-    print(f"ASV_HISTORY_SEED={SEED}")
-    run_state_machine_as_test(
-        seed(SEED)(HistoryMachine),
-        settings=settings(
-            max_examples=400 if FUZZ else 60,
-            stateful_step_count=40 if FUZZ else 25,
-            deadline=None,
-            suppress_health_check=list(HealthCheck),
-        ),
-    )
+    with HistoryMachine.budget.reporting():
+        run_state_machine_as_test(
+            seeded(HistoryMachine),
+            settings=search_settings(examples=400 if FUZZ else 200, steps=40 if FUZZ else 25),
+        )
 
 
 # -- plain tests -------------------------------------------------------------------------
@@ -484,7 +483,7 @@ def test_the_state_file_reads_and_writes_as_tensorflows_does() -> None:
     from google.protobuf import text_format
     from tensorflow.python.checkpoint import checkpoint_management as tf_state
 
-    rng = random.Random(SEED)
+    rng = random.Random(search_seed())
     alphabet = "abé\"'\\\n\t /€-09_.\x01"
     for _ in range(300):
         listed = ["".join(rng.choices(alphabet, k=rng.randint(1, 9))) for _ in range(3)]

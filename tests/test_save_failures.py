@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 import textwrap
 from pathlib import Path
 
+import anyio
 import pytest
 import tensorflow as tf
 
+import asupervisor as asv
 from asupervisor._logdir.verify import verify_checkpoint
 from tests import forked
+from tests.disk import fill, small_disk
 
 # RLIMIT_FSIZE makes every write past 64 KiB fail with EFBIG, as a full disk fails
 # with ENOSPC; SIGXFSZ is ignored so that the write fails instead of killing us.
@@ -65,3 +69,34 @@ def test_a_full_disk_keeps_the_last_good_checkpoint_and_ends_the_run(tmp_path: P
     reader = tf.train.load_checkpoint(latest)
     key = next(k for k in reader.get_variable_to_shape_map() if k.startswith("big/"))
     assert float(reader.get_tensor(key)[0, 0]) == 5.0
+
+
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_background_save_that_fails_at_the_last_step_fails_the_final_save_too(
+    tmp_path: Path, backend: str
+) -> None:
+    """A timed background save of the last step is in flight when the body leaves; the
+    disk is full, so it fails. The final save is not that write until it is on disk: it
+    is written again, fails, and the session ends failed (CheckpointSaveError), never
+    done with the steps since the last checkpoint silently lost."""
+    with small_disk(tmp_path / "disk") as disk:
+        if disk is None:
+            pytest.skip("no tmpfs can be mounted here to fill")
+        v = tf.Variable(0.0)
+        sv = asv.Supervisor(
+            str(disk / "run"), checkpoint={"v": v}, save_model_secs=0, save_model_steps=3,
+            async_checkpoint=True, save_summaries_secs=0, handle_signals=False,
+        )  # fmt: skip
+
+        async def main() -> None:
+            with contextlib.ExitStack() as full:
+                with pytest.raises(asv.CheckpointSaveError, match="final checkpoint at step 3"):
+                    async with sv.session() as sess:
+                        while tf.train.latest_checkpoint(str(disk / "run")) is None:
+                            await anyio.sleep(0.01)  # step 0's checkpoint is on disk
+                        full.enter_context(fill(disk / "filler"))
+                        for _ in range(3):  # step 3's save is written in the background
+                            await sess.run(v.assign_add, 1.0)
+                assert sess.outcome is asv.Outcome.FAILED
+
+        anyio.run(main, backend=backend)

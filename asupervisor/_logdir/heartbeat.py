@@ -35,7 +35,7 @@ from typing import Any
 
 from .._kinds import Phase
 from .._outcome import Outcome
-from .store import Store, is_object_store
+from .store import Store, is_object_store, write_all
 
 NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief
 ENV_FILE = "ASUPERVISOR_HEARTBEAT"  # a local file any session process also writes
@@ -201,10 +201,10 @@ def write_local(path: str, data: bytes) -> None:
     temp = f"{path}.tmp{os.getpid()}"
     fd = os.open(temp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o644)
     try:
-        os.write(fd, data)
-    finally:
-        os.close(fd)
-    try:
+        try:
+            write_all(fd, data)  # a cut beat would not parse: none is better
+        finally:
+            os.close(fd)
         os.replace(temp, path)
     except OSError:
         with contextlib.suppress(OSError):

@@ -15,6 +15,7 @@ lock writes, so there is one writer at a time.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -22,7 +23,7 @@ import stat
 from dataclasses import dataclass, fields
 from typing import Any
 
-from .store import Store
+from .store import Store, write_all
 
 NAME = "asupervisor-ledger.jsonl"
 READ_BYTES = 1 << 20  # inspect reads the last MiB: thousands of sessions
@@ -42,10 +43,18 @@ def append(store: Store, record: dict[str, Any]) -> None:
     flags = os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
     fd = os.open(store.path(NAME), flags, 0o644)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
+        status = os.fstat(fd)
+        if not stat.S_ISREG(status.st_mode):
             raise OSError(errno.EINVAL, f"{store.path(NAME)} is not a regular file")
-        os.write(fd, line)
-        os.fsync(fd)
+        try:
+            write_all(fd, line)
+            os.fsync(fd)
+        except OSError:
+            # A full disk writes part of a line: cut it off, or the next line would be
+            # glued to it and both lost to every reader.
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, status.st_size)
+            raise
     finally:
         os.close(fd)
 

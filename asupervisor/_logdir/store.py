@@ -283,3 +283,14 @@ def _open_regular(path: str, flags: int = 0) -> int:
         os.close(fd)
         raise OSError(errno.EINVAL, f"{path} is not a regular file")
     return fd
+
+
+def write_all(fd: int, data: bytes) -> None:
+    """Write all of ``data`` to ``fd``: a full disk makes ``os.write`` write part of it
+    and say so only in its count; the rest then raises ``ENOSPC``."""
+    view = memoryview(data)
+    while view:
+        written = os.write(fd, view)
+        if written == 0:
+            raise OSError(errno.ENOSPC, "no byte could be written")
+        view = view[written:]

@@ -111,6 +111,11 @@ class SessionCheckpoints:
         self.thread.mark_step(training=False)  # a save, also inside a step: no training
         self.step.flush()
         stepper, step, writer = self.stepper, self.step.value, checkpointer.writer
+        if final:
+            # A background write of this step is the final save only once it is on
+            # disk: one that fails (a full disk) must be written again, or raise.
+            writer.wait_for_write()
+            self.saves_done(hooks=True)
         # Steps ran since the last save without moving the step: the newer state is
         # written beside the checkpoint of that number.
         force = force or (stepper.unsaved > 0 and step == writer.last_saved_step)

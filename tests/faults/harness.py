@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import os
 import random
-import re
 import signal
 import subprocess
 import sys
@@ -39,6 +38,8 @@ class Trainer:
         self.last_step = -1
         self.last_saved = -1
         self.stopped: tuple[int, str] | None = None
+        self.diverged: int | None = None  # the step that was to have a NaN loss
+        self.after_nan: int | None = None  # the first step reported after it
         self._changed = threading.Condition()
         threading.Thread(target=self._read, daemon=True).start()
         threading.Thread(target=self._read_errors, daemon=True).start()
@@ -57,6 +58,10 @@ class Trainer:
                     self.last_saved = max(self.last_saved, int(rest[0]))
                 elif word == "stopped":
                     self.stopped = (int(rest[0]), rest[1])
+                elif word == "nan":
+                    self.diverged, self.after_nan = int(rest[0]), None
+                if word == "step" and self.diverged is not None and self.after_nan is None:
+                    self.after_nan = int(rest[0])
                 self._changed.notify_all()
 
     def _read_errors(self) -> None:
@@ -94,19 +99,32 @@ class Trainer:
         self.proc.send_signal(signal.SIGKILL)
         self.proc.wait(30)
 
+    def send(self, command: str) -> None:
+        """A line on the trainer's stdin (``--commands``: ``nan``, ``stop``)."""
+        if command == "nan":
+            with self._changed:  # what the next "nan" line says, not an earlier one's
+                self.diverged = self.after_nan = None
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+
 
 def checkpoint_problems(logdir: str) -> tuple[int, list[str]]:
-    """How many checkpoints are on disk, and what is wrong with any of them: each must
-    read back whole and hold one step boundary (a == b == its step)."""
+    """How many of the history's commits are on disk, and what is wrong with any of
+    them: each must read back whole and hold one step boundary (a == b == its step).
+    What is on disk is what the run's history says (the library's own reader), never a
+    parse of file names."""
     import tensorflow as tf
 
+    from asupervisor._logdir.history import read_history
+    from asupervisor._logdir.store import Store
     from asupervisor._logdir.verify import verify_checkpoint
 
+    store = Store(logdir)
     problems, count = [], 0
-    for index in sorted(tf.io.gfile.glob(f"{logdir}/model.ckpt-*.index")):  # gs:// too
+    for commit in read_history(store).committed():
         count += 1
-        prefix, name = index[: -len(".index")], index.rsplit("/", 1)[-1]
-        step = int(re.search(r"-(\d+)\.index$", name)[1])  # type: ignore[index]
+        prefix, name = store.path(commit.name), commit.name
         problem = verify_checkpoint(prefix)
         if problem:
             problems.append(f"{name}: {problem}")
@@ -117,8 +135,8 @@ def checkpoint_problems(logdir: str) -> tuple[int, list[str]]:
             for k in reader.get_variable_to_shape_map()
             if k.startswith("pair/") and k.split("/")[1] in ("a", "b")
         }
-        if not values["a"] == values["b"] == step:
-            problems.append(f"{name}: a={values['a']} b={values['b']}, not step {step}")
+        if not values["a"] == values["b"] == commit.step:
+            problems.append(f"{name}: a={values['a']} b={values['b']}, not step {commit.step}")
     return count, problems
 
 
@@ -169,10 +187,10 @@ def kill_trials(logdir: str, trials: int, seed: int, save_steps: int, *extra: st
 
 
 def orphans(logdir: str) -> list[str]:
-    """The supervisor's checkpoints on disk that the state file does not name."""
-    import tensorflow as tf
+    """The supervisor's checkpoints on disk that the run's history does not name."""
+    from asupervisor._logdir.history import index_names, read_history
+    from asupervisor._logdir.store import Store
 
-    state = tf.train.get_checkpoint_state(logdir)
-    named = {Path(p).name for p in state.all_model_checkpoint_paths} if state else set()
-    on_disk = {p.name[: -len(".index")] for p in Path(logdir).glob("model.ckpt-*.index")}
-    return sorted(on_disk - named)
+    store = Store(logdir)
+    named = {c.name for c in read_history(store).committed()}
+    return sorted(n for n in index_names(store) - named if n.startswith("model.ckpt-"))

@@ -3,8 +3,11 @@
     python tests/faults/trainer.py LOGDIR [--save-steps N] [--async] [--fault NAME]
 
 It prints one line per event, flushed at once, so that a harness can follow it:
-``restored STEP``, ``step STEP`` (after each completed step), ``saved STEP``
-(from an after_save hook: the files are on disk), and ``stopped STEP REASON``.
+``restored STEP``, ``step STEP`` (after each completed step: after a rollback, the step
+it went back to), ``saved STEP`` (from an after_save hook: the files are on disk),
+``nan STEP`` (the step about to run will have a NaN loss) and ``stopped STEP REASON``.
+With ``--commands`` it reads lines on stdin: ``nan`` (the next step's loss is NaN) and
+``stop`` (a clean stop, as a user's own).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ import os
 import resource
 import signal
 import sys
+import threading
 import time
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
@@ -38,10 +42,32 @@ class Pair(tf.Module):
         # Bulk, so that a save takes long enough for kills to land inside it.
         self.bulk = tf.Variable(tf.zeros([max(1, int(megabytes * 262144))]))
 
-    def step(self, pause: float) -> None:
+    def step(self, pause: float, nan: bool = False) -> dict[str, tf.Tensor]:
         self.a.assign_add(1.0)
         time.sleep(pause)
         self.b.assign_add(1.0)
+        return {"loss": tf.constant(float("nan")) if nan else self.a.read_value()}
+
+
+class Commands:
+    """What the harness asks for on stdin, read in a thread of its own."""
+
+    def __init__(self) -> None:
+        self._asked: set[str] = set()
+        self._lock = threading.Lock()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        for line in sys.stdin:
+            with self._lock:
+                self._asked.add(line.strip())
+
+    def take(self, command: str) -> bool:
+        """Whether ``command`` was asked for since the last time it was taken."""
+        with self._lock:
+            asked = command in self._asked
+            self._asked.discard(command)
+            return asked
 
 
 class Report(asv.Hook):
@@ -71,6 +97,12 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--wait-for-go", action="store_true", help='print "ready", start on a "go" line'
     )
+    parser.add_argument(
+        "--commands", action="store_true", help='read "nan" and "stop" lines on stdin'
+    )
+    parser.add_argument(
+        "--rollback", type=int, default=0, help="roll back a NaN loss, at most N times (0: off)"
+    )
     return parser.parse_args()
 
 
@@ -90,6 +122,7 @@ async def main(args: argparse.Namespace) -> None:
         hooks=hooks,
         stop_grace_secs=1.0,
         step_timeout_secs=1.0 if args.fault == "hang" else None,
+        on_divergence=asv.Rollback(max_rollbacks=args.rollback) if args.rollback else None,
     )
     if args.fault == "service":
 
@@ -101,6 +134,7 @@ async def main(args: argparse.Namespace) -> None:
     if args.wait_for_go:  # TensorFlow imported, the model built: only the session is left
         print("ready", flush=True)
         sys.stdin.readline()
+    commands = Commands() if args.commands else None
     async with sv.session() as sess:
         print(f"restored {sess.restore_report.step}", flush=True)
         while not sess.should_stop() and sess.global_step < args.max_steps:
@@ -115,8 +149,13 @@ async def main(args: argparse.Namespace) -> None:
                     if name.startswith("events.out"):
                         os.remove(os.path.join(args.logdir, name))
             long_step = args.long_step if sess.global_step == 1 else 0.0
-            await sess.run(pair.step, args.pause + long_step)
+            nan = commands is not None and commands.take("nan")
+            if nan:
+                print(f"nan {sess.global_step + 1}", flush=True)
+            await sess.run(pair.step, args.pause + long_step, nan)
             print(f"step {sess.global_step}", flush=True)
+            if commands is not None and commands.take("stop"):
+                sess.request_stop(reason="told")
     print(f"stopped {sess.global_step} {sess.stop_reason}", flush=True)
 
 
