@@ -35,9 +35,8 @@ test: $(STAMP)
 
 # The model-based searches, long: hundreds of random sequences in process, across real
 # processes and over the history, and interrupted runs against the run left alone (the
-# suite gives each a few seconds). Each seed is printed first and last: ASV_SEED=<n>
-# (ASV_RESUME_SEED=<n> for the resume search) runs the same sequences again;
-# ASV_FUZZ_SECS=<s> sets each search's length.
+# suite gives each a few seconds). The seed is printed first and last: ASV_SEED=<n>
+# runs the same sequences again; ASV_FUZZ_SECS=<s> sets each search's length.
 fuzz: $(STAMP)
 	ASV_FUZZ=1 $(PY) -m pytest -q -p no:cacheprovider tests/test_model_based.py tests/test_model_based_processes.py tests/test_history.py tests/test_resume_equivalence.py
 

@@ -9,15 +9,15 @@ optimizer's iterations, the learning rate, Dropout's random state, a hook's and 
 callbacks' kept state) and the batches it trained, in order, must be bitwise those of the
 run left alone.
 
-The suite runs a short search from a random seed, printed (``ASV_RESUME_SEED=<seed>``
-replays it); ``ASV_FUZZ=1`` (``make fuzz``) a long one. Each sequence a search finds is
+The suite runs a short search from the suite's random seed, printed (``ASV_SEED=<seed>``
+replays it, as for the other searches: tests/search.py); ``ASV_FUZZ=1`` (``make fuzz``) a
+long one. Each sequence a search finds is
 kept below as a plain regression test.
 """
 
 from __future__ import annotations
 
 import os
-import random
 import shutil
 import signal
 import tempfile
@@ -38,9 +38,10 @@ from hypothesis.stateful import (
 
 from tests.faults.deterministic import batch_differences, compare, trained
 from tests.faults.harness import Trainer
+from tests.search import replay_line, search_seed
 
 FUZZ = os.environ.get("ASV_FUZZ") == "1"
-SEED = int(os.environ.get("ASV_RESUME_SEED") or random.randrange(2**32))
+SEED = search_seed()
 PROGRAM = Path(__file__).parent / "faults" / "deterministic.py"
 MARKERS = {  # what a run prints, by the moment an interruption follows
     "step": "step ",
@@ -191,7 +192,7 @@ def machine(mode: str) -> Callable[[], RuleBasedStateMachine]:
 
 @pytest.mark.parametrize("mode", ["train", "fit"])
 def test_a_run_interrupted_at_random_ends_as_the_run_left_alone(mode: str) -> None:
-    print(f"resume equivalence search: ASV_RESUME_SEED={SEED}")
+    print(f"resume equivalence search: {replay_line()}")
     run_state_machine_as_test(
         machine(mode),
         settings=settings(
