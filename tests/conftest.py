@@ -33,6 +33,36 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(replay_line())
 
 
+# The files whose tests take longest (real runs of `asupervisor run`, cold starts, searches
+# across processes), longest first. They are handed out first, so that no worker starts a
+# minute-long test when the others are done (the longest first: the classic rule for
+# spreading jobs over machines).
+LONGEST_FIRST = (
+    "test_run_sessions.py",
+    "test_demo.py",
+    "test_install.py",
+    "test_resume_equivalence.py",
+    "test_multiworker.py",
+    "test_docs.py",
+    "test_kills.py",
+    "test_callback_state.py",
+    "test_keep_best.py",
+    "test_object_store.py",
+    "test_readme.py",
+    "test_fit_callbacks.py",
+    "test_model_based_processes.py",
+    "test_model_based.py",
+    "test_history.py",
+    "test_endings.py",
+    "test_end_of_data.py",
+)
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as found
+
+
 @pytest.fixture(params=["asyncio", "trio"])
 def anyio_backend(request: pytest.FixtureRequest) -> str:
     """Tests marked ``anyio`` run on both of anyio's backends."""

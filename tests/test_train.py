@@ -157,16 +157,16 @@ async def test_a_fused_step_traces_no_more_often_than_the_users_function() -> No
 
 
 @pytest.mark.asyncio
-async def test_ten_thousand_partials_leave_the_step_cache_bounded() -> None:
+async def test_a_thousand_partials_leave_the_step_cache_bounded() -> None:
     v = tf.Variable(0.0)
     alive: list[weakref.ref[Any]] = []
     sv = asv.Supervisor(None, save_summaries_secs=0, handle_signals=False)
     async with sv.session() as sess:
-        for i in range(10_000):
+        for i in range(1_000):  # far more than the cache may keep
             call = functools.partial(v.assign_add, float(i % 3))  # a new callable per step
             alive.append(weakref.ref(call))
             await sess.run(call)
             del call
-    assert sess.global_step == 10_000
+    assert sess.global_step == 1_000
     gc.collect()
     assert sum(ref() is not None for ref in alive) <= 64  # the cache keeps a few, not all
