@@ -28,10 +28,11 @@ multiworker: $(STAMP)
 
 # Four workers on two cores: much of the suite waits (on subprocesses, on a grace, on a
 # heartbeat), and a waiting worker leaves its core to another; on a loaded machine four
-# processes also get a larger share of the cores. The longest tests are handed out first
-# (tests/conftest.py), so that none starts when the others are done.
+# processes also get a larger share of the cores. The longest tests come first
+# (tests/conftest.py) and idle workers steal from busy ones, so that no long test starts
+# when the others are done.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 4
+	$(PY) -m pytest -q -n 4 --dist worksteal
 
 # The model-based searches, long: hundreds of random sequences in process, across real
 # processes and over the history, and interrupted runs against the run left alone (the

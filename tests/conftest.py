@@ -34,9 +34,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 # The files whose tests take longest (real runs of `asupervisor run`, cold starts, searches
-# across processes), longest first. They are handed out first, so that no worker starts a
-# minute-long test when the others are done (the longest first: the classic rule for
-# spreading jobs over machines).
+# across processes, the object-store emulator), longest first. They are handed out first
+# (the others steal from the worker that holds them), so that no worker starts a
+# minute-long test when the others are done.
 LONGEST_FIRST = (
     "test_run_sessions.py",
     "test_demo.py",
@@ -55,6 +55,11 @@ LONGEST_FIRST = (
     "test_history.py",
     "test_endings.py",
     "test_end_of_data.py",
+    "test_store.py",
+    "test_evaluator.py",
+    "test_signals.py",
+    "test_cli.py",
+    "test_run.py",
 )
 
 
