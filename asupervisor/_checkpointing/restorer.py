@@ -20,12 +20,7 @@ from .._logdir.files import checkpoint_problem, files_problem
 from .._logdir.lock import WriteGuard
 from .._logdir.store import Store
 from .._logdir.verify import shape_differences, top_level_differences, verify_checkpoint
-from .._training.kept_state import NAME as KEPT_STATE
-from .._training.kept_state import SEEDS
-from .._training.position import FIT_STATE
-from .._training.position import NAME as POSITION
-from .._training.reader import NAME as ITERATOR
-from .root import GLOBAL_STEP, SavedRoot
+from .root import GLOBAL_STEP, OWN_PARTS, SavedRoot
 
 VANISHED_RETRIES = 100  # passes over the logdir while the chief's sweep removes what we chose
 
@@ -164,7 +159,7 @@ class Restorer:
         children = self.root.children()
         missing, unexpected = top_level_differences(children, path)
         # What an older or another tool's checkpoint may lack: restored without it.
-        optional = {POSITION, FIT_STATE, ITERATOR, KEPT_STATE, SEEDS}
+        optional = set(OWN_PARTS)
         if not self.catalog.names.is_own(path):
             optional.add(GLOBAL_STEP)
         absent = [name for name in missing if name in optional]

@@ -34,8 +34,11 @@ if TYPE_CHECKING:
     from .._training.position import Position
 
 GLOBAL_STEP = "global_step"
+# The supervisor's own parts of the state beside the global step: an older checkpoint, or
+# another tool's, may lack any of them, and is restored without it.
+OWN_PARTS = (POSITION, FIT_STATE, ITERATOR, STATE, SEEDS)
 # Names the supervisor's root gives its own children (and TF's counter of saves).
-RESERVED = (GLOBAL_STEP, POSITION, FIT_STATE, ITERATOR, STATE, SEEDS, "save_counter")
+RESERVED = (GLOBAL_STEP, *OWN_PARTS, "save_counter")
 
 
 def user_checkpoint(checkpoint: Any, global_step: Any) -> tf.train.Checkpoint:
