@@ -17,8 +17,6 @@ import tensorflow as tf
 import asupervisor as asv
 from tests import forked
 
-pytestmark = pytest.mark.asyncio
-
 
 def saved(path: str, name: str) -> float:
     return float(tf.train.load_checkpoint(path).get_tensor(f"{name}/.ATTRIBUTES/VARIABLE_VALUE"))
@@ -32,6 +30,7 @@ def make(logdir: str, ckpt: tf.train.Checkpoint, **kwargs: Any) -> asv.Superviso
     )
 
 
+@pytest.mark.asyncio
 async def test_attributes_reassigned_or_added_after_construction_are_saved_as_they_are(
     logdir: str,
 ) -> None:
@@ -50,6 +49,7 @@ async def test_attributes_reassigned_or_added_after_construction_are_saved_as_th
     assert children == ["extra", "save_counter", "v", "w"]
 
 
+@pytest.mark.asyncio
 async def test_an_attribute_reassigned_between_two_saves_is_saved_new_at_the_second(
     logdir: str,
 ) -> None:
@@ -63,6 +63,7 @@ async def test_an_attribute_reassigned_between_two_saves_is_saved_new_at_the_sec
     assert saved(os.path.join(logdir, "model.ckpt-2"), "w") == 2.0
 
 
+@pytest.mark.asyncio
 async def test_a_restore_goes_into_the_objects_the_attributes_name_at_restore_time(
     logdir: str,
 ) -> None:
@@ -81,6 +82,7 @@ async def test_a_restore_goes_into_the_objects_the_attributes_name_at_restore_ti
     assert float(again.v.numpy()) == 2.0
 
 
+@pytest.mark.asyncio
 async def test_a_value_no_attribute_takes_by_the_first_step_is_a_mismatch(logdir: str) -> None:
     ckpt = tf.train.Checkpoint(v=tf.Variable(0.0), extra=tf.Variable(9.0))
     async with make(logdir, ckpt).session() as sess:
@@ -149,6 +151,7 @@ def test_the_guides_iterator_per_epoch_loop_resumes_at_the_batch_it_was_killed_n
 
 
 @pytest.mark.parametrize("async_checkpoint", [False, True], ids=["sync", "async"])
+@pytest.mark.asyncio
 async def test_reading_save_counter_during_a_session_leaves_every_save_working(
     logdir: str, async_checkpoint: bool
 ) -> None:

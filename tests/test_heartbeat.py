@@ -343,3 +343,30 @@ def test_a_ledger_line_a_full_disk_cuts_is_an_error_and_takes_no_other_line_with
         _ledger.append(store, {"session": "b", "event": "start"})
         lines = (disk / _ledger.NAME).read_text().splitlines()
         assert [json.loads(line)["session"] for line in lines] == ["a", "b"]
+
+
+@pytest.mark.anyio
+async def test_ledger_lines_a_cancelled_write_never_began_are_written_by_the_next(
+    logdir: str, pair: Pair
+) -> None:
+    """A write of the ledger cancelled before its worker thread began (the session's close
+    cancels the beat writer, which may be just there) loses none of the lines it took:
+    the close's own write takes them (its end line came after them)."""
+    async with pair_supervisor(logdir, pair, heartbeat_secs=3600).session() as sess:
+        presence = sess._rt.presence
+        await sess.run(pair.step)
+        limiter = anyio.to_thread.current_default_thread_limiter()
+        borrowers = [object() for _ in range(int(limiter.total_tokens))]
+        for borrower in borrowers:  # no worker thread for anyone, for now
+            limiter.acquire_on_behalf_of_nowait(borrower)
+        try:
+            with anyio.CancelScope() as scope:
+                async with anyio.create_task_group() as tg:
+                    tg.start_soon(presence._flush)  # takes the first_step line, then waits
+                    await anyio.wait_all_tasks_blocked()
+                    scope.cancel()
+        finally:
+            for borrower in borrowers:
+                limiter.release_on_behalf_of(borrower)
+    events = [r["event"] for r in _ledger.read(Store(logdir))]
+    assert events == ["start", "first_step", "end"], events

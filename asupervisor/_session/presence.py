@@ -180,7 +180,20 @@ class Presence:
             owns_logdir = self._store is not None and self._rt.lock is not None
             lines, self._pending = (self._pending if owns_logdir else []), []
             raw = None if beat is None else beat.to_json()
-            await anyio.to_thread.run_sync(self._write, lines, raw, owns_logdir)
+            began = False
+
+            def write() -> None:
+                nonlocal began
+                began = True
+                self._write(lines, raw, owns_logdir)
+
+            try:
+                await anyio.to_thread.run_sync(write)
+            finally:
+                # Cancelled before a worker thread took it (the close cancels this writer
+                # wherever it is): the lines go to the next write, the close's own.
+                if not began:
+                    self._pending[:0] = lines
 
     def _observe(self) -> None:
         """On the loop: the first step's end and this session's new commits, once each."""
