@@ -5,6 +5,7 @@ from __future__ import annotations
 import logging
 import os
 import random
+import shutil
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 # The model-based searches' seed: one per run, drawn here (before pytest-xdist starts its
@@ -23,6 +24,20 @@ import tensorflow as tf
 import asupervisor as asv
 from tests.gcs_fixture import FakeGcs, binary
 from tests.search import replay_line
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """In a pytest-xdist run, one fork server for every worker (each would import
+    TensorFlow again for a server of its own); started before the workers, which inherit
+    where it is."""
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        import tempfile
+
+        from tests import forked
+
+        place = tempfile.mkdtemp(prefix="asv-forkserver-")
+        config.add_cleanup(lambda: shutil.rmtree(place, ignore_errors=True))
+        config.add_cleanup(forked.share(os.path.join(place, "socket")))  # ended first
 
 
 def pytest_report_header(config: pytest.Config) -> str:

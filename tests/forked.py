@@ -1,4 +1,4 @@
-"""``Popen`` and ``run`` for ``python SCRIPT ARGS`` / ``python -c CODE ARGS``, forked from a
+"""``Popen`` and ``run`` for ``python SCRIPT|-c CODE|-m MODULE ARGS``, forked from a
 server that has TensorFlow imported already (``tests/forkserver.py``).
 
 Drop-in for the ``subprocess`` calls of tests whose child trains: the same arguments
@@ -23,6 +23,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -32,41 +33,54 @@ PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 CompletedProcess = subprocess.CompletedProcess
 
 
+ENV_SHARED = "ASV_FORKSERVER"  # the path of a server the test processes share
+
+
 class _Server:
-    """One fork server per test process, started at first use, ended with the process."""
+    """The fork server of this test process: its own, started at first use and ended with
+    the process; or, in a pytest-xdist run, the one its workers share (``share``)."""
 
     _lock = threading.Lock()
     _instance: _Server | None = None
 
     def __init__(self) -> None:
-        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
-        self.proc = subprocess.Popen(
-            [sys.executable, str(SERVER), str(theirs.fileno())],
-            pass_fds=[theirs.fileno()],
-            stdin=subprocess.DEVNULL,
-            env=env,
-        )
-        theirs.close()
-        self.sock = ours
+        self.proc: subprocess.Popen[bytes] | None = None
         self.requests = threading.Lock()
-        reply = self._reply(timeout=300)
-        assert reply.get("ready"), reply
+        shared = os.environ.get(ENV_SHARED)
+        if shared:
+            self.sock = _connect(shared, timeout=300)
+        else:
+            self.proc, self.sock = _start()
+            reply = self._reply(timeout=300)
+            assert reply.get("ready"), reply
         atexit.register(self.close)
 
     def close(self) -> None:
-        """End the server (it kills the children it still has) and wait for it."""
+        """End the connection (the server kills the children it made for it); a server
+        of this process's own ends with it, and is waited for."""
         self.sock.close()
+        if self.proc is None:
+            return
         try:
             self.proc.wait(30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
 
+    def alive(self) -> bool:
+        if self.proc is not None:
+            return self.proc.poll() is None
+        if not self.requests.acquire(blocking=False):
+            return True  # a request is under way
+        try:  # a shared server only speaks when asked: else it has closed
+            return not select.select([self.sock], [], [], 0)[0]
+        finally:
+            self.requests.release()
+
     @classmethod
     def get(cls) -> _Server:
         with cls._lock:
-            if cls._instance is None or cls._instance.proc.poll() is not None:
+            if cls._instance is None or not cls._instance.alive():
                 cls._instance = cls()
             return cls._instance
 
@@ -76,7 +90,8 @@ class _Server:
             raise TimeoutError("the fork server did not answer")
         data = self.sock.recv(1 << 16)
         if not data:
-            raise RuntimeError(f"the fork server ended (status {self.proc.poll()})")
+            status = None if self.proc is None else self.proc.poll()
+            raise RuntimeError(f"the fork server ended (status {status})")
         return json.loads(data)
 
     def fork(self, argv: list[str], cwd: str, env: dict[str, str], fds: list[int]) -> int:
@@ -85,6 +100,53 @@ class _Server:
         with self.requests:
             self.sock.sendmsg([message], rights)
             return int(self._reply(timeout=60)["pid"])
+
+
+def _start(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
+    env.pop(ENV_SHARED, None)
+    proc = subprocess.Popen(
+        [sys.executable, str(SERVER), str(theirs.fileno()), *args],
+        pass_fds=[theirs.fileno()],
+        stdin=subprocess.DEVNULL,
+        env=env,
+    )
+    theirs.close()
+    return proc, ours
+
+
+def _connect(path: str, timeout: float) -> socket.socket:
+    """A connection to the shared server, once it takes them (it imports first)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            sock.connect(path)
+            return sock
+        except (FileNotFoundError, ConnectionRefusedError):
+            sock.close()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no fork server at {path}") from None
+            time.sleep(0.1)
+
+
+def share(path: str) -> Callable[[], None]:
+    """Start a server that takes connections at ``path`` (for pytest-xdist's workers,
+    which inherit ``ASV_FORKSERVER``); the function returned ends it."""
+    proc, lifeline = _start("--listen", path)
+    os.environ[ENV_SHARED] = path
+
+    def end() -> None:
+        os.environ.pop(ENV_SHARED, None)
+        lifeline.close()  # the server kills what it still has, and ends
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    return end
 
 
 def start_server() -> None:
@@ -96,7 +158,9 @@ def start_server() -> None:
 
 def _script_argv(args: list[str]) -> list[str]:
     if not args or args[0] != sys.executable:
-        raise ValueError(f"forked.Popen runs `{sys.executable} SCRIPT|-c CODE ...`, not {args}")
+        raise ValueError(
+            f"forked.Popen runs `{sys.executable} SCRIPT|-c CODE|-m MODULE ...`, not {args}"
+        )
     return [str(a) for a in args[1:]]
 
 

@@ -3,18 +3,21 @@
 It imports TensorFlow, Keras and asupervisor once, then forks a process for each request
 that arrives on the socket it was given (file descriptor FD): the child takes the stdin,
 stdout and stderr sent with the request, the working directory, the environment and
-``sys.argv``, and runs the script (a path, or ``-c CODE``) as ``__main__``, then ends as
-any interpreter does (non-daemon threads joined, atexit run, an uncaught exception printed
-with status 1, an uncaught KeyboardInterrupt a death by SIGINT). The server sends each
-child's pid back, and its exit status (``subprocess``'s convention: minus the signal) down
-a pipe sent with the request.
+``sys.argv``, and runs the script (a path, ``-c CODE`` or ``-m MODULE``) as ``__main__``,
+then ends as any interpreter does (non-daemon threads joined, atexit run, an uncaught
+exception printed with status 1, an uncaught KeyboardInterrupt a death by SIGINT). The
+server sends each child's pid back, and its exit status (``subprocess``'s convention:
+minus the signal) down a pipe sent with the request.
 
 Why: each process of the suite otherwise pays ``import tensorflow`` again (seconds of one
 core), and most of the suite's CPU went there. The children are real processes, killed
 for real; what they skip is the import, which the library does not act in.
 
 The server is single-threaded (a fork copies only the forking thread) and ends when the
-socket closes, killing the children it still has.
+socket it was given closes, killing the children it still has. Given a path too
+(``--listen PATH``), it also takes connections there, one per test process of a
+pytest-xdist run (which then share one server, and one import), and kills a connection's
+children when that connection closes.
 """
 
 from __future__ import annotations
@@ -43,7 +46,10 @@ class Request:
 def receive(sock: socket.socket) -> Request | None:
     """One request: a JSON line and its file descriptors; None when the socket closed."""
     fds = array.array("i")
-    data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * fds.itemsize))
+    try:
+        data, ancdata, _, _ = sock.recvmsg(1 << 20, socket.CMSG_LEN(MAX_FDS * fds.itemsize))
+    except ConnectionResetError:  # a test process that ended with a reply unread
+        return None
     if not data:
         return None
     for level, kind, payload in ancdata:
@@ -59,41 +65,60 @@ def status_of(wait_status: int) -> int:
     return os.WEXITSTATUS(wait_status)
 
 
-def serve(sock: socket.socket) -> Request | None:
-    """Fork for each request; in a child, return its request; in the server, None at the end."""
+def serve(lifeline: socket.socket, listener: socket.socket | None) -> Request | None:
+    """Fork for each request; in a child, return its request; in the server, None once
+    ``lifeline`` (itself a connection) has closed."""
+    owners: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
     children: dict[int, int] = {}  # pid -> the write end of its status pipe
     selector = selectors.DefaultSelector()
-    selector.register(sock, selectors.EVENT_READ)
+    selector.register(lifeline, selectors.EVENT_READ)
+    if listener is not None:
+        selector.register(listener, selectors.EVENT_READ)
     try:
         while True:
-            for _ in selector.select(timeout=0.02):
+            for key, _ in selector.select(timeout=0.02):
+                sock = key.fileobj
+                assert isinstance(sock, socket.socket)
+                if sock is listener:
+                    selector.register(listener.accept()[0], selectors.EVENT_READ)
+                    continue
                 request = receive(sock)
-                if request is None:
-                    return None
+                if request is None:  # that test process has ended: so have its children
+                    if sock is lifeline:
+                        return None
+                    selector.unregister(sock)
+                    sock.close()
+                    kill([pid for pid, owner in owners.items() if owner is sock])
+                    continue
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
+                    for registered in list(selector.get_map().values()):
+                        registered.fileobj.close()  # type: ignore[union-attr]
                     selector.close()
-                    sock.close()
                     for fd in children.values():
                         os.close(fd)
                     return request
                 for fd in request.fds[:3]:
                     os.close(fd)
-                children[pid] = request.fds[3]
+                children[pid], owners[pid] = request.fds[3], sock
                 sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
-            reap(children)
+            reap(children, owners)
     finally:
         if os.getpid() == SERVER_PID:
-            for pid in children:
-                try:
-                    os.kill(pid, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+            kill(list(children))
 
 
-def reap(children: dict[int, int]) -> None:
+def kill(pids: list[int]) -> None:
+    for pid in pids:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def reap(children: dict[int, int], owners: dict[int, socket.socket]) -> None:
     while children:
         try:
             pid, wait_status = os.waitpid(-1, os.WNOHANG)
@@ -101,6 +126,7 @@ def reap(children: dict[int, int]) -> None:
             return
         if pid == 0:
             return
+        owners.pop(pid, None)
         fd = children.pop(pid, None)
         if fd is not None:
             try:
@@ -134,6 +160,12 @@ def run_main(argv: list[str]) -> None:
         main = types.ModuleType("__main__")
         sys.modules["__main__"] = main
         exec(compile(argv[1], "<string>", "exec"), main.__dict__)
+    elif argv[0] == "-m":
+        import runpy
+
+        sys.argv = [argv[1], *argv[2:]]  # argv[0] becomes the module's file, as with -m
+        sys.path[0] = ""
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
     else:
         import runpy
 
@@ -152,8 +184,14 @@ if __name__ == "__main__":
 
     import asupervisor  # noqa: F401
 
+    listening = None
+    if sys.argv[2:3] == ["--listen"]:
+        listening = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        listening.bind(sys.argv[3] + ".binding")
+        listening.listen(64)
+        os.rename(sys.argv[3] + ".binding", sys.argv[3])  # there once it takes connections
     channel.sendall(b'{"ready": true}\n')
-    child = serve(channel)
+    child = serve(channel, listening)
     if child is None:
         sys.exit(0)
     become(child)

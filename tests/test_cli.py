@@ -13,6 +13,7 @@ import pytest
 
 import asupervisor as asv
 from asupervisor.cli import main
+from tests import forked
 from tests.conftest import Pair
 
 
@@ -154,7 +155,7 @@ async def test_inspect_is_safe_on_a_hostile_directory(logdir: str, tmp_path: Pat
     (run / "events.out.tfevents.x\nlatest checkpoint: EVIL \x1b[31m").write_bytes(b"")
     (run / "events.out.tfevents.\x1b]0;owned\x07").write_bytes(b"")
     # A child process, bounded: a hang fails the test instead of stalling the suite.
-    done = subprocess.run(
+    done = forked.run(
         [sys.executable, "-m", "asupervisor", "inspect", logdir],
         capture_output=True,
         text=True,

@@ -27,6 +27,7 @@ from asupervisor._logdir.history import read_history
 from asupervisor._logdir.records import read_results
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
+from tests import forked
 from tests.conftest import Pair, named, pair_supervisor
 
 LEASE = _leases.PREFIX + "evaluator"
@@ -405,7 +406,7 @@ async def test_the_command_stops_after_the_evaluation_in_flight_on_sigterm_and_r
     script.write_text(textwrap.dedent(SCRIPT))
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
     command = [sys.executable, "-m", "asupervisor", "evaluate", logdir, "--script", str(script)]
-    proc = subprocess.Popen(
+    proc = forked.Popen(
         [*command, "--poll-secs", "0.1"], env=env, stderr=subprocess.PIPE, text=True
     )
     try:

@@ -25,6 +25,7 @@ import pytest
 from asupervisor._logdir import heartbeat as _heartbeat
 from asupervisor._run.supervisor import outcome_of, standby_plan
 from asupervisor.cli import main
+from tests import forked
 from tests.test_heartbeat import beat
 
 ROOT = Path(__file__).parents[1]
@@ -521,7 +522,7 @@ def test_health_that_cannot_read_the_heartbeat_says_cannot_tell_not_stale(
         ("s3://bucket/run", [], env),
         ("gs://bucket/run", ["--timeout", "2"], offline),
     ]:
-        done = subprocess.run(
+        done = forked.run(
             [sys.executable, "-m", "asupervisor", "health", target, *extra],
             capture_output=True, text=True, timeout=120, env=environment,
         )  # fmt: skip
@@ -535,8 +536,13 @@ def test_a_logdir_that_cannot_be_read_is_a_phrase_in_the_report_not_a_traceback(
     tmp_path: Path,
 ) -> None:
     script = child(tmp_path, "import sys; sys.exit(1)")
-    run = supervisor(
-        "--logdir", "s3://bucket/run", "--max-failures", "1", "--", sys.executable, script
+    args = ["--logdir", "s3://bucket/run", "--max-failures", "1", "--", sys.executable, script]
+    run = forked.Popen(  # the supervisor reads the logdir through TensorFlow: imported there
+        [sys.executable, "-m", "asupervisor", "run", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
     )
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1, err

@@ -182,6 +182,9 @@ MULTIWORKER = """
 
     attempt = os.environ["ASUPERVISOR_ATTEMPT"]
 
+    def say(line):  # one write: the two workers share the pipe (print writes the end apart)
+        os.write(1, (line + "\\n").encode())
+
     async def main() -> None:
         sv = asv.Supervisor(
             sys.argv[1], checkpoint={"w": w}, strategy=strategy, is_chief=None,
@@ -189,11 +192,11 @@ MULTIWORKER = """
             hooks=[StopAtStepHook(num_steps=30)] if attempt != "1" else [], stop_grace_secs=5,
         )
         async with sv.session() as sess:
-            print(f"attempt {attempt} worker {sv.role.rank} pid {os.getpid()} restored "
-                  f"{sess.restore_report.step} w {float(w.numpy()):.0f}", flush=True)
+            say(f"attempt {attempt} worker {sv.role.rank} pid {os.getpid()} restored "
+                f"{sess.restore_report.step} w {float(w.numpy()):.0f}")
             while not sess.should_stop():
                 await sess.run(step)
-        print(f"worker {sv.role.rank} stopped {sess.global_step} {sess.stop_reason}", flush=True)
+        say(f"worker {sv.role.rank} stopped {sess.global_step} {sess.stop_reason}")
 
     sys.exit(asv.run(main))
 """
