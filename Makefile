@@ -26,13 +26,14 @@ fit: $(STAMP)
 multiworker: $(STAMP)
 	$(PY) examples/multiworker.py --workers 2 --logdir runs/multiworker
 
-# Four workers on two cores: much of the suite waits (on subprocesses, on a grace, on a
-# heartbeat), and a waiting worker leaves its core to another; on a loaded machine four
-# processes also get a larger share of the cores. The longest tests come first
-# (tests/conftest.py) and idle workers steal from busy ones, so that no long test starts
-# when the others are done.
+# Six workers on two cores: about half of the suite waits (on subprocesses, on a grace, on
+# a heartbeat), and a waiting worker leaves its core to another; on a loaded machine more
+# processes also get a larger share of the cores (eight did no better: each worker imports
+# TensorFlow). The workers share one fork server for their training children. The longest
+# tests come first (tests/conftest.py) and idle workers steal from busy ones, so that no
+# long test starts when the others are done.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 4 --dist worksteal
+	$(PY) -m pytest -q -n 6 --dist worksteal
 
 # The model-based searches, long: hundreds of random sequences in process, across real
 # processes and over the history, and interrupted runs against the run left alone (the
