@@ -24,6 +24,7 @@ from tests.faults.harness import Trainer, checkpoint_problems
 from tests.gcs_fixture import FakeGcs
 
 LEASE = ".asupervisor.lease"
+STAT_CACHE_SECS = 5.0  # TF's GCS_STAT_CACHE_MAX_AGE, by default
 
 
 def lease_of(owner: str, seconds: float) -> bytes:
@@ -48,13 +49,16 @@ async def test_a_save_goes_on_when_a_stale_cache_makes_the_lease_unreadable(
         lease = f"{where}/{LEASE}"
         owner = json.loads(gcs.stored(lease) or b"{}")["owner"]
         tf.io.gfile.stat(lease)  # cached: its length now
+        cached_at = time.monotonic()
         shorter = json.dumps({"owner": owner, "expires": int(time.time() + 60)}).encode()
         gcs.put(lease, shorter)  # the same owner's lease, renewed shorter elsewhere
         assert len(gcs.stored(lease) or b"") < tf.io.gfile.stat(lease).length  # still cached
         await sess.run(pair.step)  # the save at step 2 re-reads the lease
+    read_within = time.monotonic() - cached_at  # the save's read came before this
     assert named(events, "checkpoint.failed") == []
     assert tf.train.latest_checkpoint(where).endswith("model.ckpt-2")
-    assert named(events, "logdir.lease_unreadable")  # said, not silently passed over
+    if read_within < STAT_CACHE_SECS - 0.5:  # a loaded machine may have let the cache expire
+        assert named(events, "logdir.lease_unreadable")  # said, not silently passed over
 
 
 @pytest.mark.asyncio
