@@ -58,14 +58,7 @@ class _Server:
     def close(self) -> None:
         """End the connection (the server kills the children it made for it); a server
         of this process's own ends with it, and is waited for."""
-        self.sock.close()
-        if self.proc is None:
-            return
-        try:
-            self.proc.wait(30)
-        except subprocess.TimeoutExpired:
-            self.proc.kill()
-            self.proc.wait()
+        _hang_up(self.sock, self.proc)
 
     def alive(self) -> bool:
         if self.proc is not None:
@@ -116,6 +109,19 @@ def _start(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     return proc, ours
 
 
+def _hang_up(sock: socket.socket, proc: subprocess.Popen[bytes] | None) -> None:
+    """Close a connection to a server; a server started here (which ends when its socket
+    closes, killing the children it still has) is waited for, killed if it does not end."""
+    sock.close()
+    if proc is None:
+        return
+    try:
+        proc.wait(30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def _connect(path: str, timeout: float) -> socket.socket:
     """A connection to the shared server, once it takes them (it imports first)."""
     deadline = time.monotonic() + timeout
@@ -139,12 +145,7 @@ def share(path: str) -> Callable[[], None]:
 
     def end() -> None:
         os.environ.pop(ENV_SHARED, None)
-        lifeline.close()  # the server kills what it still has, and ends
-        try:
-            proc.wait(30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        _hang_up(lifeline, proc)
 
     return end
 
