@@ -150,8 +150,8 @@ def trial(run: Run, attempt: int, standby: bool) -> dict[str, float]:
     time.sleep(3.0)  # a checkpoint newer than the restored one: the restart is free
     memory = (0.0, 0.0)
     if standby:
-        run.wait("standbys", attempt)
-        memory = memory_mib(run.standbys[attempt - 1])
+        run.wait("standbys", 1)  # one standby for the run: every start forks from it
+        memory = memory_mib(run.standbys[0])
     trainer_memory = memory_mib(pid)
     killed = time.time()
     os.kill(pid, signal.SIGKILL)

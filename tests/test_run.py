@@ -8,7 +8,6 @@ runs real training sessions under it.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import resource
@@ -426,71 +425,59 @@ def test_the_restart_after_a_worker_died_names_that_worker(tmp_path: Path) -> No
 
 
 SLOW_IMPORT = """
-    import time
-    time.sleep(float(open(__file__ + ".secs").read()))
+    import os, time
+    with open(__file__ + ".imports", "a") as f:  # one line per import
+        f.write(f"{os.getpid()}\\n")
+    time.sleep(1)
 """
 
 STANDBY_CHILD = """
-    import os, sys, time
+    import json, os, signal, sys, time
     attempt = os.environ["ASUPERVISOR_ATTEMPT"]
+    rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     warm = "slowimport" in sys.modules
-    print(f"attempt {attempt} warm {warm} nice {os.getpriority(os.PRIO_PROCESS, 0)}", flush=True)
+    print(f"attempt {attempt} worker {rank} warm {warm} parent {os.getppid()} "
+          f"group {os.getpgid(0) == os.getpid()} argv {sys.argv[1:]}", flush=True)
+    open(os.path.join(sys.argv[1], f"up-{attempt}-{rank}"), "w").close()
+    if attempt == "1" and rank == 1:
+        while not os.path.exists(os.path.join(sys.argv[1], "up-1-0")):  # its peer is up
+            time.sleep(0.01)
+        os.kill(os.getpid(), signal.SIGKILL)
     if attempt == "1":
         time.sleep(600)
 """
 
 
-def nice_values(pid: int) -> list[int]:
-    """The nice value of each thread of ``pid``."""
-    values = []
-    for task in Path(f"/proc/{pid}/task").iterdir():
-        with contextlib.suppress(OSError):
-            values.append(int((task / "stat").read_text().rsplit(")", 1)[1].split()[16]))
-    return values
-
-
-def test_a_standby_imports_at_the_lowest_priority_and_says_when_it_is_ready(
-    tmp_path: Path,
-) -> None:
+def test_every_start_forks_from_one_standby_and_is_the_runners_own(tmp_path: Path) -> None:
     module = tmp_path / "slowimport.py"
     module.write_text(textwrap.dedent(SLOW_IMPORT))
-    Path(f"{module}.secs").write_text("3")
     script = child(tmp_path, STANDBY_CHILD)
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
     run = subprocess.Popen(
         [sys.executable, "-m", "asupervisor", "run", "--standby", "--preload", "slowimport",
-         "--", sys.executable, script],
+         "--workers", "2", "--backoff", "0", "--", sys.executable, script, str(tmp_path)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
     )  # fmt: skip
-    assert run.stdout is not None and run.stderr is not None
     try:
-        first = run.stdout.readline()
-        assert first.startswith("attempt 1 warm False nice 0"), first
-        lines: list[str] = []
-
-        def until(event: str) -> str:
-            while not any(event in line for line in lines):
-                lines.append(run.stderr.readline())  # type: ignore[union-attr]
-                assert lines[-1], "\n".join(lines)  # the run ended
-            return next(line for line in lines if event in line)
-
-        standby = int(until("standby.started").split("pid=")[1].split()[0])
-        # While it imports, a thread of it runs at the lowest priority, its main one not.
-        deadline = time.monotonic() + 60
-        while 19 not in (importing := nice_values(standby)) and time.monotonic() < deadline:
-            time.sleep(0.02)
-        assert "imports_secs=" in until("standby.ready")
-        assert 19 in importing and 0 in importing, importing
-        child_pid = int(
-            next(ln for ln in lines if "child.started" in ln).split("pid=")[1].split()[0]
-        )
-        os.kill(child_pid, signal.SIGKILL)
-        out, err = run.communicate(timeout=60)
+        out, err = run.communicate(timeout=120)
     finally:
         run.kill()
     assert run.returncode == 0, err
-    assert out.splitlines() == ["attempt 2 warm True nice 0"], out  # its command: at nice 0
-    assert "start=standby" in err and "still importing" not in err
+    # Imported once, by the standby; four starts of two workers forked from it, each
+    # the runner's own child (it waits for them: the SIGKILL is seen) in a group of its own.
+    (standby,) = Path(f"{module}.imports").read_text().split()
+    assert f"standby.started pid={standby}" in err, err
+    starts = sorted(out.splitlines())
+    expected = [
+        f"attempt {a} worker {r} warm True parent {run.pid} group True argv ['{tmp_path}']"
+        for a in (1, 2)
+        for r in (0, 1)
+    ]
+    assert starts == expected, out + err
+    assert err.count("start=standby") + err.count("still importing") >= 4, err
+    (restart,) = [line for line in err.splitlines() if "run.restarting" in line]
+    assert "after='worker 1: 137 (SIGKILL)'" in restart, restart
+    assert "standby.ready" in err and "Traceback" not in err, err
 
 
 SESSION_GRACE = (

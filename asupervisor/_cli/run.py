@@ -236,11 +236,10 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
     run.add_argument(
         "--standby",
         action="store_true",
-        help="keep a warm interpreter (TensorFlow imported) for each worker, which takes "
-        "the next restart: about a second instead of several. It imports at the lowest "
-        "CPU priority beside the training and says when it is ready (standby.ready). "
-        "Only for `python SCRIPT ...` commands; it costs the memory of an interpreter "
-        "with TensorFlow imported",
+        help="import TensorFlow once per run, in a warm interpreter that forks every start "
+        "(the first, each restart, every worker): a restart takes under a second instead "
+        "of several, and nothing imports beside the training. Only for `python SCRIPT ...` "
+        "commands on Linux; it costs the memory of one interpreter with TensorFlow imported",
     )
     run.add_argument(
         "--preload",

@@ -300,7 +300,6 @@ class Attempt:
         limits: Limits,
         control: Control,
         say: Callable[..., None],
-        tend: Callable[[], None],
     ) -> None:
         self.number = number
         self.children = children
@@ -308,7 +307,6 @@ class Attempt:
         self.state = AttemptState.RUNNING
         self._control = control
         self._say = say
-        self._tend = tend  # the standbys, between two looks
         self._first_failure: Child | None = None
         self._started = time.monotonic()
 
@@ -330,7 +328,6 @@ class Attempt:
                     self._enter(AttemptState.FAILING, StopCause.PEER)
             for child in self.children:
                 child.kill_if_overdue(now)
-            self._tend()
             await self._control.wait(POLL_SECS)
         return self._result()
 

@@ -1,6 +1,10 @@
 """One process ``asupervisor run`` started: its stderr relayed (its last lines kept), its
 channel read (what its session reports: ``_logdir/channel``), its end awaited, its process
-group killed when it ends."""
+group killed when it ends.
+
+A process is either spawned (``spawn``: the runner's own child) or adopted (``adopt``: a
+start the warm standby forked, which the runner, its subreaper, inherits: waited on
+through a pidfd, its stderr and channel pipes the runner's as for a spawned one)."""
 
 from __future__ import annotations
 
@@ -10,7 +14,7 @@ import os
 import signal
 import subprocess
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 
 import anyio
@@ -58,7 +62,9 @@ class Proc:
 
     def __init__(
         self,
-        process: anyio.abc.Process,
+        pid: int,
+        stderr: AsyncIterator[bytes] | None,
+        wait: Callable[[], Awaitable[int]],
         channel: int,
         channel_number: int,
         tg: anyio.abc.TaskGroup,
@@ -66,15 +72,17 @@ class Proc:
         on_report: OnReport,
         on_exit: Callable[[Proc], None],
     ) -> None:
-        self.process = process
-        self.pid = process.pid
+        self.pid = pid
         self.channel_number = channel_number  # the write end's number in the process
         self.returncode: int | None = None  # set once its stderr and channel were drained
         self.exited_at: float | None = None  # time.monotonic() when it was reaped
         self.reaped = False
+        self.gone = anyio.Event()  # reaped (its pipes may still be drained)
         self.exited = anyio.Event()
         self.heard = Heard()
         self.tail: collections.deque[str] = collections.deque(maxlen=TAIL_LINES)
+        self._stderr = stderr
+        self._reap = wait
         self._channel = channel
         self._write = write
         self._on_report = on_report
@@ -100,7 +108,7 @@ class Proc:
             os.killpg(self.pid, signal.SIGKILL)
 
     async def _relay(self) -> None:
-        stream = self.process.stderr
+        stream = self._stderr
         try:
             with self._readers[0]:
                 if stream is not None:
@@ -142,13 +150,15 @@ class Proc:
             self._drained.set()
 
     async def _wait(self) -> None:
-        returncode = await self.process.wait()
+        returncode = await self._reap()
         self.reaped = True
+        self.gone.set()
         self.exited_at = time.monotonic()
         self.kill_group()  # anything the child started and left behind
         with anyio.move_on_after(RELAY_DRAIN_SECS):  # a grandchild may hold the pipes
             await self._relayed.wait()
             await self._drained.wait()
+        _reap_group(self.pid)  # as the subreaper, what it left behind is the runner's
         for readers in self._readers:
             readers.cancel()
         self.returncode = returncode
@@ -167,8 +177,7 @@ async def spawn(
 ) -> Proc:
     """Start ``argv`` in a process group of its own, with a channel (``ASUPERVISOR_CHANNEL``
     in its environment names the write end)."""
-    read_end, write_end = os.pipe()
-    os.set_blocking(read_end, False)
+    read_end, write_end = pipe()
     try:
         process = await anyio.open_process(
             list(argv),
@@ -184,4 +193,71 @@ async def spawn(
         raise
     finally:
         os.close(write_end)  # the child's now: the read end sees the end when it exits
-    return Proc(process, read_end, write_end, tg, write, on_report, on_exit)
+    stderr = process.stderr
+    return Proc(
+        process.pid, None if stderr is None else _chunks(stderr), process.wait,
+        read_end, write_end, tg, write, on_report, on_exit,
+    )  # fmt: skip
+
+
+async def _chunks(stream: anyio.abc.ByteReceiveStream) -> AsyncIterator[bytes]:
+    async for chunk in stream:
+        yield chunk
+
+
+def pipe() -> tuple[int, int]:
+    """A pipe whose read end the runner reads without blocking the loop."""
+    read_end, write_end = os.pipe()
+    os.set_blocking(read_end, False)
+    return read_end, write_end
+
+
+def adopt(
+    pid: int,
+    stderr: int,
+    channel: int,
+    channel_number: int,
+    tg: anyio.abc.TaskGroup,
+    write: Callable[[bytes], None],
+    on_report: OnReport,
+    on_exit: Callable[[Proc], None],
+) -> Proc:
+    """A process the standby forked and the runner inherited as its subreaper: ``stderr``
+    and ``channel`` are the read ends of its pipes (``pipe()``), now the Proc's."""
+    waiter = os.pidfd_open(pid)  # before anything can reap it: the pid stays this process
+
+    async def wait() -> int:
+        try:
+            while True:
+                await anyio.wait_readable(waiter)
+                reaped, status = os.waitpid(pid, os.WNOHANG)
+                if reaped == pid:
+                    return os.waitstatus_to_exitcode(status)
+        finally:
+            os.close(waiter)
+
+    return Proc(pid, _read(stderr), wait, channel, channel_number, tg, write, on_report, on_exit)
+
+
+async def _read(fd: int) -> AsyncIterator[bytes]:
+    """What a pipe's read end gives until every writer has closed it."""
+    try:
+        while True:
+            await anyio.wait_readable(fd)
+            try:
+                chunk = os.read(fd, READ_BYTES)
+            except BlockingIOError:
+                continue
+            if not chunk:
+                return
+            yield chunk
+    finally:
+        os.close(fd)
+
+
+def _reap_group(pgid: int) -> None:
+    """Reap the dead of a process group that was reparented to the runner (a subreaper
+    inherits what an adopted start left behind); never waits."""
+    with contextlib.suppress(ChildProcessError, OSError):
+        while os.waitpid(-pgid, os.WNOHANG)[0] > 0:
+            pass

@@ -1,65 +1,62 @@
-"""A warm standby: an interpreter with TensorFlow imported, waiting for its command.
+"""The warm standby: one interpreter with TensorFlow imported, forking each start of a run.
 
 ``asupervisor run --standby`` runs this file with the command's own interpreter, through
-``python -c LOADER THIS_FILE PARENT_PID SCRIPT MODULE...`` (not ``python THIS_FILE``: the
+``python -c LOADER THIS_FILE RUNNER_PID SCRIPT MODULE...`` (not ``python THIS_FILE``: the
 package's directory must not come first on ``sys.path``); it needs nothing else. It
-imports the modules (TensorFlow, Keras, asupervisor: a cold start spends most of its
-seconds there), builds nothing, says on its channel (``ASUPERVISOR_CHANNEL``, a pipe to
-the runner) that it is ready, and waits on its stdin for one JSON line
-``{"argv": [script, *args], "env": {...}, "cwd": "..."}``. Then it
-becomes that command: the environment, the working directory, ``sys.argv`` and
-``sys.path[0]`` as ``python SCRIPT ARGS`` would have them, and the script runs as
-``__main__`` (``runpy.run_path``); its exit status is the process's.
+imports the modules once (TensorFlow, Keras, asupervisor: a cold start spends most of its
+seconds there), builds nothing, and says on its channel (``ASUPERVISOR_CHANNEL``, a pipe
+to the runner) that it is ready. Its stdin is a Unix socket to the runner, which sends
+one order per start: ``{"argv": [script, *args], "env": {...}, "cwd": "..."}`` with the
+write ends of the start's stderr and channel pipes. For each order it forks a process
+that becomes that command (the environment, the working directory, ``sys.argv`` and
+``sys.path[0]`` as ``python SCRIPT ARGS`` would have them; the script runs as
+``__main__``, its exit status is the process's) and answers with its pid.
 
-**It does not slow the trainer beside it.** The imports run in a thread of their own at
-the lowest CPU priority (nice 19; on Linux the nice value is a thread's), while the main
-thread, at the priority the standby was started with, waits for the command. When the
-command comes, the priority of every thread is put back where the process may (an
-unprivileged process cannot lower a nice value: threads the imports started keep theirs),
-and the command runs in the main thread at its own priority. A command that comes before
-the imports are done waits for them (they are further along than a cold start's).
+**The start is the runner's process, not the standby's.** The fork goes through a
+middle process that exits at once, so that the start is reparented to the runner (its
+subreaper, ``PR_SET_CHILD_SUBREAPER``): the runner waits for it, reads its exit status
+and signals its process group (its own: ``setsid``) as for a start it spawned; the
+standby answers only once the middle process is gone. The start dies with the runner
+(``PR_SET_PDEATHSIG``, set once it is the runner's).
+
+**Imported once per run.** Every start of every worker forks from the same imports: a
+restart, or a second worker, imports nothing, and nothing imports beside the training.
 
 What it cannot be: ``python -m``, interpreter options, a command that is not a Python
 script; environment variables read while the modules were imported keep the value the
 standby started with (the supervisor's own environment, as a cold start would see it:
-only the variables ``asupervisor run`` sets per attempt differ, and none is read at
-import). A module that must be imported in the main thread (one that sets a signal
-handler as it is imported) is not preloaded: the script imports it as usual. The standby
-dies with its supervisor (``PR_SET_PDEATHSIG``), and exits when its stdin closes without
-a command.
+only the variables ``asupervisor run`` sets per start differ, and none is read at
+import). A module that fails to import is skipped: the script imports it (or fails to)
+as usual. The standby dies with its runner and exits when its socket closes.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
+import socket
 import sys
-import threading
 import time
 
 CHANNEL = "ASUPERVISOR_CHANNEL"  # _logdir.channel.ENV (nothing of the package is imported yet)
-LOWEST = 19  # nice: runs only when nothing else wants the CPU
+ADOPTION_SECS = 10.0  # the middle process exits at once; past this, something is wrong
 
 
-def _die_with_parent(parent: int) -> None:
+def _die_with(parent: int) -> None:
+    """SIGKILL when ``parent`` dies (now this process's parent), or exit now if it has."""
     try:
         import ctypes
-        import signal
 
         ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except Exception:
         pass  # not Linux: the supervisor's own exit paths still kill it
-    if os.getppid() != parent:  # the supervisor died before the line above
+    if os.getppid() != parent:  # it died before the line above
         os._exit(137)
 
 
 def _import(modules: list[str]) -> None:
-    """In a thread of its own, at the lowest priority: the modules, then ``ready``."""
     begun = time.monotonic()
-    try:
-        os.setpriority(os.PRIO_PROCESS, 0, LOWEST)  # 0: this thread (Linux)
-    except (OSError, AttributeError):
-        pass  # imported at the usual priority
     for name in modules:
         try:
             __import__(name)
@@ -67,52 +64,86 @@ def _import(modules: list[str]) -> None:
             pass  # a module the script does not have: it is imported (or not) as usual
     line = json.dumps({"kind": "ready", "seconds": round(time.monotonic() - begun, 3)})
     try:
-        os.write(int(os.environ[CHANNEL]), (line + "\n").encode())
+        channel = int(os.environ.pop(CHANNEL))
+        os.write(channel, (line + "\n").encode())
+        os.close(channel)  # a start gets a channel of its own
     except (KeyError, ValueError, OSError):
-        pass  # no channel: the runner counts on it as soon as it starts
+        pass  # no channel: the runner counts on it once it answers
 
 
-def _restore_priority(nice: int) -> None:
-    """Every thread back to ``nice`` where the process may (raising its own priority
-    back needs CAP_SYS_NICE or RLIMIT_NICE; the main thread never left it)."""
-    try:
-        threads = os.listdir("/proc/self/task")
-    except OSError:
-        return
-    for tid in threads:
-        try:
-            os.setpriority(os.PRIO_PROCESS, int(tid), nice)
-        except (OSError, ValueError, AttributeError):
-            pass
+def _fork(runner: int) -> int | None:
+    """Fork a start the runner adopts: its pid here, ``None`` in the start itself."""
+    read_end, write_end = os.pipe()
+    middle = os.fork()
+    if middle == 0:
+        os.close(read_end)
+        start = os.fork()
+        if start == 0:
+            os.close(write_end)
+            _adopted_by(runner)
+            return None
+        os.write(write_end, str(start).encode())
+        os._exit(0)  # the start is orphaned: the runner, its subreaper, inherits it
+    os.close(write_end)
+    with os.fdopen(read_end, "rb") as answer:
+        pid = answer.read()
+    os.waitpid(middle, 0)  # gone: the start is the runner's by now
+    return int(pid)
 
 
-def main() -> None:
-    parent, script = int(sys.argv[1]), sys.argv[2]
-    _die_with_parent(parent)
-    sys.path[0] = os.path.dirname(os.path.realpath(script))  # as `python SCRIPT` sets it
-    nice = os.getpriority(os.PRIO_PROCESS, 0)
-    importer = threading.Thread(
-        target=_import, args=(sys.argv[3:],), name="asupervisor-standby-imports", daemon=True
-    )
-    importer.start()
-    line = sys.stdin.buffer.readline()
-    if not line:
-        os._exit(0)  # the supervisor no longer needs this standby
-    _restore_priority(nice)  # imports still under way go on at the command's priority
-    importer.join()
-    _restore_priority(nice)
-    order = json.loads(line)
-    devnull = os.open(os.devnull, os.O_RDONLY)  # a cold child's stdin is /dev/null too
+def _adopted_by(runner: int) -> None:
+    os.setsid()  # a process group of its own: the runner's signals reach it whole
+    deadline = time.monotonic() + ADOPTION_SECS
+    while os.getppid() != runner:
+        if time.monotonic() > deadline:
+            os._exit(137)
+        time.sleep(0.001)
+    _die_with(runner)
+
+
+def _become(order: dict[str, object], stderr: int, channel: int) -> None:
+    """Turn this forked start into ``python SCRIPT ARGS...``."""
+    devnull = os.open(os.devnull, os.O_RDONLY)  # a cold start's stdin is /dev/null too
     os.dup2(devnull, 0)
     os.close(devnull)
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    os.set_inheritable(channel, True)  # as a spawned start's (a command it runs may report)
+    env = dict(order["env"])  # type: ignore[call-overload]
+    env[CHANNEL] = str(channel)
     os.environ.clear()
-    os.environ.update(order["env"])
-    os.chdir(order["cwd"])
-    sys.argv[:] = order["argv"]
+    os.environ.update(env)
+    os.chdir(str(order["cwd"]))
+    sys.argv[:] = list(order["argv"])  # type: ignore[call-overload]
     sys.path[0] = os.path.dirname(os.path.realpath(sys.argv[0]))
     import runpy
 
     runpy.run_path(sys.argv[0], run_name="__main__")
+
+
+def main() -> None:
+    runner, script = int(sys.argv[1]), sys.argv[2]
+    _die_with(runner)
+    sys.path[0] = os.path.dirname(os.path.realpath(script))  # as `python SCRIPT` sets it
+    orders = socket.socket(fileno=os.dup(0))  # stdin: a Unix socket to the runner
+    devnull = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(devnull, 0)
+    os.close(devnull)
+    _import(sys.argv[3:])
+    while True:
+        message, fds, _, _ = socket.recv_fds(orders, 1 << 20, 2)
+        if not message:
+            os._exit(0)  # the runner no longer needs this standby
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = _fork(runner)
+        if pid is None:
+            orders.close()
+            _become(json.loads(message), *fds)
+            return
+        for fd in fds:
+            os.close(fd)
+        orders.sendall(json.dumps({"pid": pid}).encode())
 
 
 if __name__ == "__main__":  # run with `python -c`; never imported

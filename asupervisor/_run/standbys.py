@@ -1,31 +1,34 @@
-"""The warm standbys of ``asupervisor run --standby``: one per worker slot, started beside
-the attempt (its imports at the lowest CPU priority: ``standby.py``), counted on once its
-channel said it is ready, and handed the next start of that slot.
+"""The warm standby of ``asupervisor run --standby``, from the runner's side: one process
+per run that imports TensorFlow once (``standby.py``) and forks every start of every
+worker, which the runner adopts (its subreaper) and owns as it owns a cold start.
 
-A start that comes while a standby still imports is handed to it all the same (it is
-further along than a cold start, and from then on imports at the command's priority);
-the runner says so (``start='standby (still importing)'``).
+A start asked for while the standby still imports waits for its imports (they are
+further along than a cold start's); the runner says so (``start='standby (still
+importing)'``). A standby that cannot be used (Linux only: a subreaper and pidfds; the
+command must be ``python SCRIPT``) or that dies says why once, and the run starts cold.
 """
 
 from __future__ import annotations
 
+import contextlib
+import ctypes
 import json
 import os
 import re
 import shutil
-import subprocess
+import socket
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
 
 import anyio
-import anyio.abc
 
-from .process import Proc
+from .process import Proc, pipe
 
 # Runs the standby's file as `__main__`, its own path taken out of sys.argv.
 _LOADER = "import sys; p = sys.argv.pop(1); exec(compile(open(p).read(), p, 'exec'))"
+_PR_SET_CHILD_SUBREAPER = 36
 
-Spawn = Callable[[list[str], dict[str, str], int | None], Awaitable[Proc]]
+Spawn = Callable[[list[str], dict[str, str], int], Awaitable[Proc]]
+Adopt = Callable[[int, int, int, int], Proc]  # pid, stderr, channel, channel number
 
 
 def standby_plan(command: Sequence[str], path: str | None) -> tuple[str, str] | str:
@@ -45,104 +48,139 @@ def standby_plan(command: Sequence[str], path: str | None) -> tuple[str, str] | 
     return interpreter, command[1]
 
 
+def become_subreaper() -> str | None:
+    """Make this process inherit its descendants' orphans; else why it cannot."""
+    if not hasattr(os, "pidfd_open"):
+        return "needs Linux 5.3 or newer (pidfds)"
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(_PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) != 0:
+            return f"cannot become a subreaper: {os.strerror(ctypes.get_errno())}"
+    except (OSError, AttributeError) as exc:
+        return f"cannot become a subreaper: {exc}"
+    return None
+
+
 class Standby:
-    """A warm interpreter for one worker slot, waiting for its command on stdin."""
-
-    def __init__(self, proc: Proc, rank: int) -> None:
-        self.proc, self.rank = proc, rank
-
-    @property
-    def ready(self) -> bool:
-        """Its channel said its imports are done."""
-        return self.proc.heard.ready_at is not None
-
-    async def hand_over(self, argv: Sequence[str], env: dict[str, str]) -> bool:
-        """Give it the command; ``False`` if it is gone (the caller starts cold)."""
-        stdin = self.proc.process.stdin
-        if self.proc.returncode is not None or stdin is None:
-            return False
-        order = {"argv": list(argv), "env": env, "cwd": os.getcwd()}
-        try:
-            await stdin.send((json.dumps(order) + "\n").encode())
-            await stdin.aclose()
-        except (anyio.BrokenResourceError, anyio.ClosedResourceError, OSError):
-            return False
-        return True
-
-
-class Standbys:
-    """The pool: at most one standby per worker slot, each used once."""
+    """The run's one standby process; ``start`` forks a start from it."""
 
     def __init__(
-        self,
-        command: Sequence[str],
-        preload: Sequence[str],
-        enabled: bool,
-        spawn: Spawn,
-        start_soon: Callable[..., Any],
+        self, command: Sequence[str], preload: Sequence[str], enabled: bool,
         say: Callable[..., None],
-    ) -> None:
+    ) -> None:  # fmt: skip
         plan = standby_plan(command, os.environ.get("PATH"))
         self.plan = plan if isinstance(plan, tuple) else None
         self.problem = plan if enabled and isinstance(plan, str) else None
         self.enabled = enabled
+        self.proc: Proc | None = None
         self._preload = tuple(preload)
-        self._spawn = spawn
-        self._start_soon = start_soon
         self._say = say
-        self._held: dict[int, Standby] = {}
-        self._starting: set[int] = set()
+        self._orders: socket.socket | None = None
+        self._lock = anyio.Lock()
 
     @property
     def state(self) -> str:
-        """For the run's first line: off, on, or why a standby cannot be used."""
+        """For the run's first line: off, on, or why the standby cannot be used."""
         return "off" if not self.enabled else self.problem or "on"
 
-    def fill(self, ranks: range) -> None:
-        """Start a standby for each slot that has none (each in a task of its own)."""
-        if not self.enabled or self.plan is None or self.problem is not None:
+    @property
+    def usable(self) -> bool:
+        return self.enabled and self.problem is None and self.plan is not None
+
+    @property
+    def ready(self) -> bool:
+        """Its channel said its imports are done."""
+        return self.proc is not None and self.proc.heard.ready_at is not None
+
+    async def open(self, spawn: Spawn) -> None:
+        """Start the standby process (its imports begin at once)."""
+        if not self.usable:
             return
-        for rank in ranks:
-            if rank not in self._held and rank not in self._starting:
-                self._starting.add(rank)
-                self._start_soon(self._start, rank)
-
-    def take(self, rank: int) -> Standby | None:
-        """The slot's standby, to hand a start to (one still starting is not waited for)."""
-        return self._held.pop(rank, None)
-
-    def rank_of(self, proc: Proc) -> int | None:
-        return next((s.rank for s in self._held.values() if s.proc is proc), None)
-
-    async def _start(self, rank: int) -> None:
+        if (problem := become_subreaper()) is not None:
+            self._unusable(problem)
+            return
         assert self.plan is not None
         interpreter, script = self.plan
         from . import standby as _standby
 
+        ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        ours.setblocking(False)
         # `python -c`, not `python FILE`: the package's directory must not come first on
         # sys.path; the file is read by a one-line loader (`ps` shows a short line).
         argv = [interpreter, "-c", _LOADER, _standby.__file__, str(os.getpid()), script]
-        argv += self._preload
         try:
-            proc = await self._spawn(argv, dict(os.environ), subprocess.PIPE)
+            self.proc = await spawn([*argv, *self._preload], dict(os.environ), theirs.fileno())
         except OSError as exc:
-            self.problem = f"cannot start: {exc}"
-            self._say("standby.unusable", reason=self.problem)
+            ours.close()
+            self._unusable(f"cannot start: {exc}")
             return
         finally:
-            self._starting.discard(rank)
-        standby = Standby(proc, rank)
-        self._held[rank] = standby
-        self._say("standby.started", worker=rank, pid=proc.pid)
-        await proc.exited.wait()
-        if self._held.get(rank) is standby:  # it died before it was used
-            self.lost(standby)
+            theirs.close()
+        self._orders = ours
+        self._say("standby.started", pid=self.proc.pid)
 
-    def lost(self, standby: Standby) -> None:
-        """A standby exited before it was used: cold starts from now on."""
-        if self._held.get(standby.rank) is standby:
-            del self._held[standby.rank]
-        code = standby.proc.returncode
-        tail = " | ".join(list(standby.proc.tail)[-3:])
-        self.problem = f"a standby exited ({code}) before it was used: {tail}"[:400]
-        self._say("standby.unusable", reason=self.problem, action="cold starts from now")
+    async def start(
+        self, argv: Sequence[str], env: dict[str, str], adopt: Adopt, timeout: float
+    ) -> Proc | None:
+        """Fork ``argv`` (the script and its arguments) from the standby; ``None`` if it
+        cannot, or has not answered within ``timeout`` (the caller starts cold)."""
+        if self._orders is None or not self.usable:
+            return None
+        order = {"argv": list(argv), "env": env, "cwd": os.getcwd()}
+        stderr, channel = pipe(), pipe()
+        try:
+            async with self._lock:
+                pid = None
+                with anyio.move_on_after(timeout) as waited:
+                    pid = await self._ask(json.dumps(order).encode(), [stderr[1], channel[1]])
+        finally:
+            os.close(stderr[1])  # the start's now
+            os.close(channel[1])
+        if pid is None:
+            os.close(stderr[0])
+            os.close(channel[0])
+            if waited.cancelled_caught:
+                self._unusable(f"no start forked within {timeout:g} s (--startup-timeout)")
+            else:
+                self._lost()
+            return None
+        return adopt(pid, stderr[0], channel[0], channel[1])
+
+    async def _ask(self, order: bytes, fds: list[int]) -> int | None:
+        orders = self._orders
+        assert orders is not None
+        try:
+            socket.send_fds(orders, [order], fds)
+            await anyio.wait_readable(orders)
+            answer = orders.recv(4096)
+        except OSError:
+            return None
+        if not answer:
+            return None  # it exited: its lines are on the run's stderr
+        return int(json.loads(answer)["pid"])
+
+    def _lost(self) -> None:
+        proc = self.proc
+        tail = "" if proc is None else " | ".join(list(proc.tail)[-3:])
+        code = None if proc is None else proc.returncode
+        self._unusable(f"the standby exited ({code}): {tail}"[:400])
+
+    def _unusable(self, why: str) -> None:
+        self.problem = why
+        self._say("standby.unusable", reason=why, action="cold starts from now")
+        if self._orders is not None:
+            with contextlib.suppress(OSError):
+                self._orders.close()
+            self._orders = None
+        if self.proc is not None:
+            self.proc.kill_group()
+
+    def close(self) -> None:
+        """No more starts: the standby exits (its socket closes)."""
+        if self._orders is not None:
+            with contextlib.suppress(OSError):
+                self._orders.close()
+            self._orders = None
+
+    def owns(self, proc: Proc) -> bool:
+        return proc is self.proc

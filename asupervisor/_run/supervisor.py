@@ -10,7 +10,8 @@ together, with a restart budget that this run's progress refills. The parts:
 - ``RestartBudget`` (``budget.py``): after each attempt, restart (and when) or give up.
   Progress is a checkpoint an attempt committed, as its session reported on its channel:
   what another process writes into the logdir never refills this run's budget.
-- ``Standbys`` (``standbys.py``): warm interpreters that take the next start.
+- ``Standby`` (``standbys.py``): one interpreter that imported TensorFlow once and forks
+  every start of the run (the runner adopts each: it is their subreaper).
 - The channel (``_logdir/channel``): each process the runner starts gets a pipe; its
   session reports its beats, its commits and the writes it could not make there. A pipe
   cannot fill a disk: a child is judged not alive only when it says nothing.
@@ -52,8 +53,8 @@ from .._outcome import Outcome
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget
-from .process import Proc, spawn
-from .standbys import Standbys, standby_plan
+from .process import Proc, adopt, spawn
+from .standbys import Standby, standby_plan
 from .statuses import describe_status, outcome_of, shell_status
 
 __all__ = [
@@ -70,9 +71,10 @@ __all__ = [
 
 DEFAULT_PRELOAD = ("tensorflow", "keras", "asupervisor")
 DEFAULT_GRACE_SECS = 150.0  # more than a session's default stop_grace_secs (120) + an exit
+REAP_SECS = 5.0  # how long the run's end waits for the processes it killed to be reaped
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
-FILES_PER_WORKER = 6  # a child's stderr and channel, a standby's stdin, stderr, channel, a port
+FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
 
 # Run before the command, in the child: die with the supervisor, then become the command.
 _TRAMPOLINE = """\
@@ -138,8 +140,9 @@ def local_tf_configs(count: int) -> list[str]:
 
 
 def files_needed(workers: int, standby: bool) -> int:
-    """Open files ``asupervisor run`` may need at once (pipes, ports, its own)."""
-    return 64 + workers * FILES_PER_WORKER * (2 if standby else 1)
+    """Open files ``asupervisor run`` may need at once (pipes, ports, its own; a standby's
+    socket, stderr, channel and pidfds)."""
+    return 64 + workers * (FILES_PER_WORKER + (1 if standby else 0)) + (3 if standby else 0)
 
 
 def make_room_for_files(needed: int) -> str | None:
@@ -163,7 +166,7 @@ class ProcessSupervisor:
         self._grace_told = False
         self._control: Control | None = None
         self._tg: anyio.abc.TaskGroup | None = None
-        self._standbys: Standbys | None = None
+        self._standby: Standby | None = None
 
     # -- output --------------------------------------------------------------------
 
@@ -204,11 +207,19 @@ class ProcessSupervisor:
                     status = Outcome.FAILED.exit_status
                 finally:
                     self.kill_everything()
+                    await self._reaped()
                 tg.cancel_scope.cancel()
         finally:
             self.kill_everything()
         self.say("run.ended", status=describe_status(status))
         return status
+
+    async def _reaped(self) -> None:
+        """Wait (bounded) until every killed process was reaped: a process left to the
+        closed event loop would be a zombie and a warning at exit."""
+        with anyio.move_on_after(REAP_SECS), anyio.CancelScope(shield=True):
+            for proc in self.procs:
+                await proc.gone.wait()
 
     def kill_everything(self) -> None:
         for proc in self.procs:
@@ -240,24 +251,20 @@ class ProcessSupervisor:
         """The one loop: start an attempt, monitor it, ask the budget."""
         config, control = self.config, self._control
         assert control is not None and self._tg is not None
-        self._standbys = Standbys(
-            config.command, config.preload, config.standby, self._spawn_standby,
-            self._tg.start_soon, self.say,
-        )  # fmt: skip
+        self._standby = Standby(config.command, config.preload, config.standby, self.say)
         self.say(
             "run.started",
             command=" ".join(config.command),
             workers=config.workers,
             logdir=config.logdir,
-            standby=self._standbys.state,
+            standby=self._standby.state,
         )
+        await self._standby.open(self._spawn)
         budget = RestartBudget(config.max_failures, config.backoff_secs, config.max_backoff_secs)
         number = 0
         while not control.stop_requested.is_set():
             number += 1
-            attempt = Attempt(
-                number, await self._start(number), self._limits(), control, self.say, self._tend
-            )
+            attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
             result = await attempt.monitor()
             self.history.append(result)
             self._said_exits(result)
@@ -287,13 +294,6 @@ class ProcessSupervisor:
         return Limits(
             config.grace_secs, config.stop_signal, config.stuck_after, config.startup_timeout
         )
-
-    def _tend(self) -> None:
-        """Between two looks at an attempt: a standby for each slot that has none."""
-        control = self._control
-        if self._standbys is not None and control is not None:
-            if not control.stop_requested.is_set():
-                self._standbys.fill(range(self.config.workers))
 
     def _said_exits(self, result: AttemptResult) -> None:
         for end in result.ends:
@@ -341,18 +341,17 @@ class ProcessSupervisor:
             proc, how = await self._launch(rank, env)
             children.append(Child(rank, proc, how))
             self.say("child.started", attempt=number, worker=rank, pid=proc.pid, start=how)
-        self._tend()  # the next start's standbys import beside these children
         return children
 
     async def _launch(self, rank: int, env: dict[str, str]) -> tuple[Proc, str]:
-        standbys = self._standbys
-        standby = None if standbys is None else standbys.take(rank)
-        if standby is not None and standbys is not None:
+        standby = self._standby
+        if standby is not None and standby.usable:
             ready = standby.ready
-            env = {**env, _channel.ENV: str(standby.proc.channel_number)}
-            if await standby.hand_over(self.config.command[1:], env):
-                return standby.proc, "standby" if ready else "standby (still importing)"
-            standbys.lost(standby)
+            proc = await standby.start(
+                self.config.command[1:], env, self._adopt, self.config.startup_timeout
+            )
+            if proc is not None:
+                return proc, "standby" if ready else "standby (still importing)"
         command = [sys.executable, "-I", "-S", "-c", _TRAMPOLINE, str(os.getpid())]
         try:
             return await self._spawn([*command, *self.config.command], env, None), "cold"
@@ -367,9 +366,14 @@ class ProcessSupervisor:
         self.procs.append(proc)
         return proc
 
-    async def _spawn_standby(self, argv: list[str], env: dict[str, str], stdin: int | None) -> Proc:
-        env.pop(_channel.ENV, None)
-        return await self._spawn(argv, env, stdin)
+    def _adopt(self, pid: int, stderr: int, channel: int, channel_number: int) -> Proc:
+        assert self._tg is not None
+        proc = adopt(
+            pid, stderr, channel, channel_number,
+            self._tg, self._write_stderr, self._heard, self._exited,
+        )  # fmt: skip
+        self.procs.append(proc)
+        return proc
 
     def _exited(self, proc: Proc) -> None:
         if self._control is not None:
@@ -378,8 +382,7 @@ class ProcessSupervisor:
     def _heard(self, proc: Proc, report: _channel.Report) -> None:
         """What a process's channel said that the run's lines show."""
         if isinstance(report, _channel.Ready):
-            rank = None if self._standbys is None else self._standbys.rank_of(proc)
-            self.say("standby.ready", worker=rank, pid=proc.pid, imports_secs=report.seconds)
+            self.say("standby.ready", pid=proc.pid, imports_secs=report.seconds)
         elif isinstance(report, _channel.SessionBegan):
             self._check_grace(report)
         elif isinstance(report, _channel.Unwritten):
