@@ -14,6 +14,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 os.environ.setdefault("ASV_SEED", str(random.SystemRandom().randrange(2**32)))
 
 import subprocess
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +42,9 @@ def pytest_configure(config: pytest.Config) -> None:
         place = tempfile.mkdtemp(prefix="asv-forkserver-")
         config.add_cleanup(lambda: shutil.rmtree(place, ignore_errors=True))
         config.add_cleanup(forked.share(os.path.join(place, "socket")))  # ended first
+        # The workers themselves fork from it: TensorFlow is imported once for the run.
+        warm = f"popen//python={sys.executable} {Path(__file__).parent / 'warm_worker.py'}"
+        config.option.tx = [warm if spec == "popen" else spec for spec in config.option.tx]
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -16,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -128,23 +129,30 @@ class Standby:
             return None
         order = {"argv": list(argv), "env": env, "cwd": os.getcwd()}
         stderr, channel = pipe(), pipe()
+        pid = None
         try:
             async with self._lock:
-                pid = None
                 with anyio.move_on_after(timeout) as waited:
                     pid = await self._ask(json.dumps(order).encode(), [stderr[1], channel[1]])
+            if pid is not None:
+                return adopt(pid, stderr[0], channel[0], channel[1])  # the read ends: the Proc's
+        except OSError as exc:  # no pidfd (out of files): this start cannot be watched
+            if pid is not None:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pid, signal.SIGKILL)
+            self._unusable(f"cannot watch a forked start: {exc}")
         finally:
             os.close(stderr[1])  # the start's now
             os.close(channel[1])
-        if pid is None:
-            os.close(stderr[0])
-            os.close(channel[0])
+            if pid is None or not self.usable:
+                os.close(stderr[0])
+                os.close(channel[0])
+        if pid is None and self.usable:
             if waited.cancelled_caught:
                 self._unusable(f"no start forked within {timeout:g} s (--startup-timeout)")
             else:
                 self._lost()
-            return None
-        return adopt(pid, stderr[0], channel[0], channel[1])
+        return None
 
     async def _ask(self, order: bytes, fds: list[int]) -> int | None:
         orders = self._orders
