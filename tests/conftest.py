@@ -56,9 +56,9 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 
 
 # The files whose tests take longest (real runs of `asupervisor run`, cold starts, searches
-# across processes, the object-store emulator), longest first. They are handed out first
-# (the others steal from the worker that holds them), so that no worker starts a
-# minute-long test when the others are done.
+# across processes, the object-store emulator), longest first. They are handed out first,
+# shared among the workers, so that no worker starts a minute-long test when the others
+# are done.
 LONGEST_FIRST = (
     "test_run_sessions.py",
     "test_demo.py",
@@ -85,9 +85,15 @@ LONGEST_FIRST = (
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
     items.sort(key=lambda item: rank.get(item.path.name, len(rank)))  # stable: else as found
+    # pytest-xdist's worksteal hands each worker one contiguous part of this list, and a
+    # worker steals from the end of another's: dealt out like cards, every part begins
+    # with its share of the longest tests (else one worker holds all of them, in a row).
+    workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
+    if workers > 1:
+        items[:] = [item for part in range(workers) for item in items[part::workers]]
 
 
 @pytest.fixture(params=["asyncio", "trio"])
