@@ -27,11 +27,11 @@ multiworker: $(STAMP)
 	$(PY) examples/multiworker.py --workers 2 --logdir runs/multiworker
 
 # Six workers on two cores: about half of the suite waits (on subprocesses, on a grace, on
-# a heartbeat), and a waiting worker leaves its core to another; on a loaded machine more
-# processes also get a larger share of the cores (eight did no better: each worker imports
-# TensorFlow). The workers share one fork server for their training children. The longest
-# tests come first (tests/conftest.py) and idle workers steal from busy ones, so that no
-# long test starts when the others are done.
+# a heartbeat), and a waiting worker leaves its core to another. The workers are forked
+# from one fork server (TensorFlow imported once for the run), which forks their training
+# children too. The longest tests are dealt out first, a share to each worker
+# (tests/conftest.py), and idle workers steal from busy ones, so that no long test starts
+# when the others are done.
 test: $(STAMP)
 	$(PY) -m pytest -q -n 6 --dist worksteal
 
