@@ -480,6 +480,37 @@ def test_every_start_forks_from_one_standby_and_is_the_runners_own(tmp_path: Pat
     assert "standby.ready" in err and "Traceback" not in err, err
 
 
+SLOWER_IMPORT = """
+    import time
+    time.sleep(4)
+"""
+
+ONCE = """
+    import os, sys
+    print(f"ran warm {'slowerimport' in sys.modules} pid {os.getpid()}", flush=True)
+"""
+
+
+def test_a_standby_that_forks_nothing_in_time_is_given_up_and_the_start_goes_cold(
+    tmp_path: Path,
+) -> None:
+    (tmp_path / "slowerimport.py").write_text(textwrap.dedent(SLOWER_IMPORT))
+    script = child(tmp_path, ONCE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    run = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "run", "--standby", "--preload", "slowerimport",
+         "--startup-timeout", "1", "--stuck-after", "1", "--no-heartbeat",
+         "--", sys.executable, script],
+        capture_output=True, text=True, env=env, timeout=120,
+    )  # fmt: skip
+    assert run.returncode == 0, run.stderr
+    assert "no start forked within 1 s" in run.stderr, run.stderr
+    assert "start=cold" in run.stderr, run.stderr
+    # The start the runner gave up on never ran the command: one line, from the cold one.
+    (line,) = run.stdout.splitlines()
+    assert line.startswith("ran warm False"), line
+
+
 SESSION_GRACE = (
     TELL
     + """

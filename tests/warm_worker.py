@@ -10,6 +10,7 @@ is killed, the server kills the worker (its connection closed).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -28,7 +29,9 @@ def main() -> None:
     worker = forked.Popen([sys.executable, *argv], env=env)
 
     def pass_on(signum: int, frame: FrameType | None) -> None:
-        worker.send_signal(signum)
+        # Not worker.send_signal: its poll would read (and close) what wait() selects on.
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(worker.pid, signum)
 
     for signum in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(signum, pass_on)

@@ -7,17 +7,18 @@ imports the modules once (TensorFlow, Keras, asupervisor: a cold start spends mo
 seconds there), builds nothing, and says on its channel (``ASUPERVISOR_CHANNEL``, a pipe
 to the runner) that it is ready. Its stdin is a Unix socket to the runner, which sends
 one order per start: ``{"argv": [script, *args], "env": {...}, "cwd": "..."}`` with the
-write ends of the start's stderr and channel pipes. For each order it forks a process
-that becomes that command (the environment, the working directory, ``sys.argv`` and
-``sys.path[0]`` as ``python SCRIPT ARGS`` would have them; the script runs as
-``__main__``, its exit status is the process's) and answers with its pid.
+write ends of the start's stderr and channel pipes and the read end of a "go" pipe. For
+each order it forks a process that becomes that command (the environment, the working
+directory, ``sys.argv`` and ``sys.path[0]`` as ``python SCRIPT ARGS`` would have them; the
+script runs as ``__main__``, its exit status is the process's) and answers with its pid.
 
 **The start is the runner's process, not the standby's.** The fork goes through a
 middle process that exits at once, so that the start is reparented to the runner (its
 subreaper, ``PR_SET_CHILD_SUBREAPER``): the runner waits for it, reads its exit status
 and signals its process group (its own: ``setsid``) as for a start it spawned; the
 standby answers only once the middle process is gone. The start dies with the runner
-(``PR_SET_PDEATHSIG``, set once it is the runner's).
+(``PR_SET_PDEATHSIG``, set once it is the runner's), and runs the command only when the
+runner says go, once it watches the start: a start the runner gave up on never runs.
 
 **Imported once per run.** Every start of every worker forks from the same imports: a
 restart, or a second worker, imports nothing, and nothing imports beside the training.
@@ -71,34 +72,40 @@ def _import(modules: list[str]) -> None:
         pass  # no channel: the runner counts on it once it answers
 
 
-def _fork(runner: int) -> int | None:
-    """Fork a start the runner adopts: its pid here, ``None`` in the start itself."""
+def _fork(runner: int, go: int) -> int | None:
+    """Fork a start the runner adopts: its pid here (-1 if it died at once), ``None`` in the
+    start itself (once the runner said go)."""
     read_end, write_end = os.pipe()
     middle = os.fork()
     if middle == 0:
         os.close(read_end)
-        start = os.fork()
-        if start == 0:
+        if os.fork() == 0:
+            # A group of its own before the runner hears of it: its signals reach it whole.
+            os.setsid()
+            os.write(write_end, str(os.getpid()).encode())
             os.close(write_end)
-            _adopted_by(runner)
+            _adopted_by(runner, go)
             return None
-        os.write(write_end, str(start).encode())
         os._exit(0)  # the start is orphaned: the runner, its subreaper, inherits it
     os.close(write_end)
     with os.fdopen(read_end, "rb") as answer:
-        pid = answer.read()
+        pid = answer.read()  # until the start and the middle closed it
     os.waitpid(middle, 0)  # gone: the start is the runner's by now
-    return int(pid)
+    return int(pid) if pid else -1  # -1: the start died before it said its pid
 
 
-def _adopted_by(runner: int) -> None:
-    os.setsid()  # a process group of its own: the runner's signals reach it whole
+def _adopted_by(runner: int, go: int) -> None:
     deadline = time.monotonic() + ADOPTION_SECS
     while os.getppid() != runner:
         if time.monotonic() > deadline:
             os._exit(137)
         time.sleep(0.001)
     _die_with(runner)
+    # The runner writes one byte once it watches this process (it closes its end if it
+    # cannot): a start it does not watch never runs the command.
+    if os.read(go, 1) != b"g":
+        os._exit(137)
+    os.close(go)
 
 
 def _become(order: dict[str, object], stderr: int, channel: int) -> None:
@@ -131,19 +138,20 @@ def main() -> None:
     os.close(devnull)
     _import(sys.argv[3:])
     while True:
-        message, fds, _, _ = socket.recv_fds(orders, 1 << 20, 2)
+        message, fds, _, _ = socket.recv_fds(orders, 1 << 20, 3)
         if not message:
             os._exit(0)  # the runner no longer needs this standby
         sys.stdout.flush()
         sys.stderr.flush()
-        pid = _fork(runner)
+        stderr, channel, go = fds
+        pid = _fork(runner, go)
         if pid is None:
             orders.close()
-            _become(json.loads(message), *fds)
+            _become(json.loads(message), stderr, channel)
             return
         for fd in fds:
             os.close(fd)
-        orders.sendall(json.dumps({"pid": pid}).encode())
+        orders.sendall(json.dumps({"pid": pid} if pid > 0 else {"error": "no start"}).encode())
 
 
 if __name__ == "__main__":  # run with `python -c`; never imported

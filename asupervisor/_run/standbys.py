@@ -16,7 +16,6 @@ import json
 import os
 import re
 import shutil
-import signal
 import socket
 from collections.abc import Awaitable, Callable, Sequence
 
@@ -127,32 +126,39 @@ class Standby:
         cannot, or has not answered within ``timeout`` (the caller starts cold)."""
         if self._orders is None or not self.usable:
             return None
-        order = {"argv": list(argv), "env": env, "cwd": os.getcwd()}
-        stderr, channel = pipe(), pipe()
-        pid = None
+        order = json.dumps({"argv": list(argv), "env": env, "cwd": os.getcwd()}).encode()
+        ours: list[int] = []  # the read ends of its stderr and channel, the write end of go
+        theirs: list[int] = []  # the ends the start gets
+        proc = None
         try:
+            for end in (pipe(), pipe(), os.pipe()[::-1]):  # go: the start reads, blocking
+                ours.append(end[0])
+                theirs.append(end[1])
+            pid = None
             async with self._lock:
                 with anyio.move_on_after(timeout) as waited:
-                    pid = await self._ask(json.dumps(order).encode(), [stderr[1], channel[1]])
-            if pid is not None:
-                return adopt(pid, stderr[0], channel[0], channel[1])  # the read ends: the Proc's
-        except OSError as exc:  # no pidfd (out of files): this start cannot be watched
-            if pid is not None:
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.killpg(pid, signal.SIGKILL)
-            self._unusable(f"cannot watch a forked start: {exc}")
+                    pid = await self._ask(order, theirs)
+            if pid is None:
+                if waited.cancelled_caught:
+                    self._unusable(f"no start forked within {timeout:g} s (--startup-timeout)")
+                else:
+                    self._lost()
+                return None
+            proc = adopt(pid, ours[0], ours[1], theirs[1])  # the read ends: the Proc's
+            os.write(ours[2], b"g")  # watched now: it may run the command
+            return proc
+        except OSError as exc:  # out of files: cold starts (a start not told go exits)
+            self._unusable(f"cannot start from the standby: {exc}")
+            return None
+        except BaseException:  # cancelled while it forked: the start is never told go
+            self._unusable("a start was abandoned while the standby forked it")
+            raise
         finally:
-            os.close(stderr[1])  # the start's now
-            os.close(channel[1])
-            if pid is None or not self.usable:
-                os.close(stderr[0])
-                os.close(channel[0])
-        if pid is None and self.usable:
-            if waited.cancelled_caught:
-                self._unusable(f"no start forked within {timeout:g} s (--startup-timeout)")
-            else:
-                self._lost()
-        return None
+            for fd in theirs + ours[2:]:
+                os.close(fd)
+            if proc is None:
+                for fd in ours[:2]:
+                    os.close(fd)
 
     async def _ask(self, order: bytes, fds: list[int]) -> int | None:
         orders = self._orders
@@ -165,7 +171,7 @@ class Standby:
             return None
         if not answer:
             return None  # it exited: its lines are on the run's stderr
-        return int(json.loads(answer)["pid"])
+        return int(json.loads(answer)["pid"]) if b"pid" in answer else None
 
     def _lost(self) -> None:
         proc = self.proc
