@@ -134,19 +134,11 @@ class Proc:
         receiver = _channel.Receiver()
         try:
             with self._readers[1]:
-                while True:
-                    await anyio.wait_readable(self._channel)
-                    try:
-                        chunk = os.read(self._channel, READ_BYTES)
-                    except BlockingIOError:
-                        continue
-                    if not chunk:
-                        break
+                async for chunk in _read(self._channel):  # closes it at the end
                     for report in receiver.feed(chunk):
                         self.heard.take(report)
                         self._on_report(self, report)
         finally:
-            os.close(self._channel)
             self._drained.set()
 
     async def _wait(self) -> None:
