@@ -21,7 +21,7 @@ async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
     sv = asv.Supervisor(
-        logdir, save_model_secs=0, save_summaries_secs=0, stop_grace_secs=0.5,
+        logdir, save_model_secs=0, save_summaries_secs=0, stop_grace_secs=2,
         handle_signals=False,
     )  # fmt: skip
     session_over = threading.Event()
@@ -75,7 +75,7 @@ SWALLOWS = textwrap.dedent(
 
     async def main():
         sv = asv.Supervisor(sys.argv[1], save_model_secs=0, save_summaries_secs=0,
-                            stop_grace_secs=0.5)
+                            stop_grace_secs=2)
 
         @sv.service
         async def stubborn(sess):
