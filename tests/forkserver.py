@@ -23,6 +23,7 @@ children when that connection closes.
 from __future__ import annotations
 
 import array
+import gc
 import json
 import os
 import selectors
@@ -184,6 +185,11 @@ if __name__ == "__main__":
 
     import asupervisor  # noqa: F401
 
+    # What was imported is never collected: out of the cyclic collector's sight, so that a
+    # child's collections and its exit do not touch (and copy) every page the imports made
+    # (a child's exit fell from about 1 s of CPU to 0.2).
+    gc.collect()
+    gc.freeze()
     listening = None
     if sys.argv[2:3] == ["--listen"]:
         listening = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
