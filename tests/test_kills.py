@@ -26,7 +26,9 @@ def test_repeated_sigkills_never_lose_more_than_a_save_interval(tmp_path: Path, 
     limit = SAVE_STEPS if mode == "sync" else 2 * SAVE_STEPS
     assert max(report.lost_steps) <= limit, report.lost_steps
     assert not list((tmp_path / "run").glob("*_temp")), "unfinished saves were left behind"
-    assert report.orphans == 0  # after a clean run, every checkpoint is named or swept
+    assert report.clean_exit == 0, report.clean_stderr
+    # After a clean run, every checkpoint is named or swept.
+    assert report.orphans == 0, (report.orphan_names, report.clean_stderr)
     assert report.checkpoints <= 3  # the trainer's max_to_keep
 
 

@@ -149,6 +149,9 @@ class KillReport:
     checkpoints: int = 0
     problems: list[str] = field(default_factory=list)
     orphans: int = -1  # checkpoints on disk the state file does not name, after a clean run
+    orphan_names: list[str] = field(default_factory=list)
+    clean_exit: int | None = None  # the clean run's exit status, and the end of its stderr
+    clean_stderr: str = ""
     seconds: float = 0.0
 
 
@@ -170,7 +173,9 @@ def kill_trials(logdir: str, trials: int, seed: int, save_steps: int, *extra: st
         time.sleep(rng.uniform(0.05, 1.5))
         run.kill()
         previous_restore, previous_last_step = restored, max(run.last_step, restored)
-    final = Trainer(logdir, "--max-steps", "0", *extra)  # the same model, to restore
+    # The runs after the kills are not about the grace: a final save on a loaded machine
+    # may take longer than the trials' second, and the clean run must end clean.
+    final = Trainer(logdir, "--max-steps", "0", "--grace", "120", *extra)  # to restore
     restored = final.wait_restored()
     final.proc.wait(60)
     report.went_back += restored < previous_restore
@@ -178,9 +183,12 @@ def kill_trials(logdir: str, trials: int, seed: int, save_steps: int, *extra: st
         report.lost_steps.append(previous_last_step - restored)
     # A clean run that saves twice: what the kills left must be committed or swept by now.
     clean = Trainer(logdir, "--max-steps", str(restored + 2 * save_steps), "--save-steps",
-                    str(save_steps), *extra)  # fmt: skip
-    clean.proc.wait(300)
-    report.orphans = len(orphans(logdir))
+                    str(save_steps), "--grace", "120", *extra)  # fmt: skip
+    report.clean_exit = clean.proc.wait(300)
+    time.sleep(0.2)  # the reader takes the last lines
+    report.clean_stderr = clean.stderr_text()[-3000:]
+    report.orphan_names = orphans(logdir)
+    report.orphans = len(report.orphan_names)
     report.checkpoints, report.problems = checkpoint_problems(logdir)
     report.seconds = time.monotonic() - started
     return report

@@ -93,6 +93,7 @@ def parse() -> argparse.Namespace:
         "--long-step", type=float, default=0.0, help="step 2 takes this long (a step in flight)"
     )
     parser.add_argument("--max-steps", type=int, default=10**9)
+    parser.add_argument("--grace", type=float, default=1.0, help="stop_grace_secs")
     parser.add_argument("--fault", choices=FAULTS, default="none")
     parser.add_argument(
         "--wait-for-go", action="store_true", help='print "ready", start on a "go" line'
@@ -120,7 +121,7 @@ async def main(args: argparse.Namespace) -> None:
         async_checkpoint=args.async_checkpoint,
         save_summaries_secs=0.2,
         hooks=hooks,
-        stop_grace_secs=1.0,
+        stop_grace_secs=args.grace,
         step_timeout_secs=1.0 if args.fault == "hang" else None,
         on_divergence=asv.Rollback(max_rollbacks=args.rollback) if args.rollback else None,
     )
