@@ -3,6 +3,7 @@ where a test needs it (pytest-xdist's controller runs no test: it does not impor
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
 import random
@@ -94,6 +95,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     workers = int(getattr(config, "workerinput", {}).get("workercount", 1))
     if workers > 1:
         items[:] = [item for part in range(workers) for item in items[part::workers]]
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    """What collection imported lives as long as the run: out of the cyclic collector's
+    sight from now on, so that the collections during tests scan only what tests make
+    (about a third of their time, a few percent of the suite's CPU)."""
+    gc.collect()
+    gc.freeze()
 
 
 @pytest.fixture(params=["asyncio", "trio"])

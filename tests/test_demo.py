@@ -56,9 +56,9 @@ def test_the_demo_trains_checkpoints_and_resumes(
     assert accuracy > 0.7, "the model did not learn"
     assert os.path.exists(logdir / "model.ckpt-400.index")
 
-    second = run_demo(logdir, 300)
+    second = run_demo(logdir, 100)
     assert f"resumed from {logdir / 'model.ckpt-400'} at step 400" in second
-    assert "stopped at step 700 (step_limit)" in second
+    assert "stopped at step 500 (step_limit)" in second
     assert len(glob.glob(str(logdir / "events.out.tfevents.*"))) == 2
     assert "Traceback" not in first + second
     check_inspect(logdir, capsys)
@@ -74,7 +74,7 @@ def check_inspect(logdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     )
     assert table.returncode == 0, table.stderr
     assert table.stderr == "", "TensorFlow's start-up noise reached the terminal"
-    assert "model.ckpt-700  (step 700)" in table.stdout
+    assert "model.ckpt-500  (step 500)" in table.stdout
     assert " NO " not in table.stdout
     for tag in ("loss", "accuracy", "test_accuracy", "iteration/sec"):
         assert f"  {tag} " in table.stdout, tag
@@ -83,9 +83,9 @@ def check_inspect(logdir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["inspect", str(logdir), "--json"]) == 0
     as_json = capsys.readouterr()
     report = json.loads(as_json.out)
-    assert report["latest_step"] == 700
+    assert report["latest_step"] == 500
     assert all(c["readable"] for c in report["checkpoints"])
-    assert report["tags"]["loss"]["last_step"] == 700
+    assert report["tags"]["loss"]["last_step"] == 500
     assert len(report["events_files"]) == 2
 
 

@@ -114,10 +114,10 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
 ) -> None:
     logdir = tmp_path / "run"
     job = start_job(
-        logdir, scratch, "--steps", "300", "--save-secs", "0.3", "--summary-secs", "0.5"
+        logdir, scratch, "--steps", "120", "--save-secs", "0.3", "--summary-secs", "0.5"
     )
     assert finish(job) == [0, 0], job[1].output[-3000:]
-    assert [w.stopped_at() for w in job] == [(300, "step_limit")] * 2
+    assert [w.stopped_at() for w in job] == [(120, "step_limit")] * 2
     # Every timed save was agreed and taken by both workers at the same step.
     for worker in job:
         assert "kind=save" in worker.output
@@ -127,7 +127,7 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
 
     # The logdir holds the chief's files only: its checkpoints and one events file of its own.
     steps = checkpoint_steps(logdir)
-    assert steps[-1] == 300
+    assert steps[-1] == 120
     names = {p.name for p in logdir.iterdir()}
     events = [n for n in names if n.startswith("events.out.tfevents")]
     assert len(events) == 1 and f".{job[0].proc.pid}." in events[0]
@@ -147,13 +147,13 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
     assert reader.Tensors("loss")[-1].step > 0
 
     # Both restarted: both restore the chief's newest checkpoint and go on from it.
-    again = start_job(logdir, scratch, "--steps", "100", "--save-secs", "30")
+    again = start_job(logdir, scratch, "--steps", "40", "--save-secs", "30")
     assert finish(again) == [0, 0], again[1].output[-3000:]
     for worker in again:
-        worker.wait_for(r"starting at step 300 \(.*model\.ckpt-300\)", timeout=1)
-    assert [w.stopped_at() for w in again] == [(400, "step_limit")] * 2
-    assert checkpoint_steps(logdir)[-1] == 400
-    assert tf.train.latest_checkpoint(str(logdir)).endswith("model.ckpt-400")
+        worker.wait_for(r"starting at step 120 \(.*model\.ckpt-120\)", timeout=1)
+    assert [w.stopped_at() for w in again] == [(160, "step_limit")] * 2
+    assert checkpoint_steps(logdir)[-1] == 160
+    assert tf.train.latest_checkpoint(str(logdir)).endswith("model.ckpt-160")
 
 
 def test_sigterm_to_the_non_chief_stops_both_at_one_step_with_a_final_checkpoint(
