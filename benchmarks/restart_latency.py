@@ -167,6 +167,7 @@ def trial(run: Run, attempt: int, standby: bool) -> dict[str, float]:
         "standby rss": memory[0],
         "standby pss": memory[1],
         "trainer rss": trainer_memory[0],
+        "trainer pss": trainer_memory[1],
     }
 
 
@@ -204,18 +205,27 @@ def main() -> None:
             | {f"{k} s": statistics.median(r[k] for r in rows) for k in keys}
             | {"totals s": [r["total"] for r in rows]}
         )
-    warm = results["warm standby"]
+    warm, cold = results["warm standby"], results["cold"]
+
+    def median(rows: list[dict[str, float]], key: str) -> float:
+        return statistics.median(r[key] for r in rows)
+
     print(
-        f"\nstandby memory, waiting: RSS {statistics.median(r['standby rss'] for r in warm):.0f} "
-        f"MiB, PSS {statistics.median(r['standby pss'] for r in warm):.0f} MiB "
-        f"(the trainer beside it: RSS {statistics.median(r['trainer rss'] for r in warm):.0f} MiB)"
+        f"\nstandby memory, waiting: RSS {median(warm, 'standby rss'):.0f} MiB, PSS "
+        f"{median(warm, 'standby pss'):.0f} MiB; the trainer beside it: RSS "
+        f"{median(warm, 'trainer rss'):.0f} MiB, PSS {median(warm, 'trainer pss'):.0f} MiB "
+        f"(a cold trainer: RSS {median(cold, 'trainer rss'):.0f} MiB, PSS "
+        f"{median(cold, 'trainer pss'):.0f} MiB)"
     )
     table.append(
         {
             "start": "warm standby memory, waiting (MiB)",
             "standby RSS MiB": statistics.median(r["standby rss"] for r in warm),
             "standby PSS MiB": statistics.median(r["standby pss"] for r in warm),
-            "trainer RSS MiB": statistics.median(r["trainer rss"] for r in warm),
+            "trainer RSS MiB": median(warm, "trainer rss"),
+            "trainer PSS MiB": median(warm, "trainer pss"),
+            "cold trainer RSS MiB": median(cold, "trainer rss"),
+            "cold trainer PSS MiB": median(cold, "trainer pss"),
         }
     )
     write("restart_latency", table, megabytes=args.megabytes, trials=args.trials)
