@@ -52,6 +52,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/lifecycle_latency.py
 	$(PY) benchmarks/restart_latency.py
+	$(PY) benchmarks/fork_exit.py
 	$(PY) benchmarks/close_stall.py
 	$(PY) benchmarks/fit_overhead.py
 	$(PY) benchmarks/fit_interruptions.py --trials 5

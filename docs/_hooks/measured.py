@@ -34,6 +34,7 @@ COMMANDS = {
     "checkpoint_stall": "python benchmarks/checkpoint_stall.py",
     "lifecycle_latency": "python benchmarks/lifecycle_latency.py",
     "restart_latency": "python benchmarks/restart_latency.py",
+    "fork_exit": "python benchmarks/fork_exit.py",
     "close_stall": "python benchmarks/close_stall.py",
     "fit_overhead": "python benchmarks/fit_overhead.py",
     "fit_interruptions": "python benchmarks/fit_interruptions.py --trials 5",
