@@ -7,9 +7,10 @@ This process imports what the standby imports (TensorFlow, Keras, asupervisor), 
 starts that each create a variable, run one op, and end as a script ends (``sys.exit``:
 the interpreter's own shutdown, its last collections, the modules torn down). Each start's
 CPU time (user and system, from ``wait4``) and its minor page faults (pages it copied or
-touched first) are read when it is reaped: first with the imports left to the collector,
-as a plain fork leaves them, then after ``gc.freeze()``, as the standby does before it
-forks (``asupervisor/_run/standby.py``).
+touched first) are read when it is reaped, in three arms taken in turn: the imports left
+to the collector, as a plain fork leaves them; after a ``gc.collect()`` only; and after
+``gc.collect(); gc.freeze()``, as the standby does before it forks
+(``asupervisor/_run/standby.py``; unfrozen again after each such fork).
 """
 
 from __future__ import annotations
@@ -32,9 +33,22 @@ def start() -> None:
     sys.stdout.flush()
 
 
-def trial() -> tuple[float, int]:
+ARMS = {
+    "left to the collector": "imports left to the collector",
+    "collected": "imports collected, not frozen",
+    "frozen": "imports frozen (the standby)",
+}
+
+
+def trial(arm: str) -> tuple[float, int]:
     """One forked start, ended as a script ends: (its CPU seconds, its minor faults)."""
+    if arm != "left to the collector":
+        gc.collect()
+    if arm == "frozen":
+        gc.freeze()
     pid = os.fork()
+    if arm == "frozen" and pid != 0:
+        gc.unfreeze()  # the next arm forks from a process as it was
     if pid == 0:
         try:
             start()
@@ -55,12 +69,10 @@ def main() -> None:
 
     import asupervisor  # noqa: F401
 
-    results: dict[str, list[tuple[float, int]]] = {}
-    for name in ("imports left to the collector", "imports frozen (the standby)"):
-        if "frozen" in name:
-            gc.collect()
-            gc.freeze()
-        results[name] = [trial() for _ in range(args.trials)]
+    results: dict[str, list[tuple[float, int]]] = {name: [] for name in ARMS.values()}
+    for _ in range(args.trials):  # the arms in turn: a drift of the machine hits each alike
+        for arm, name in ARMS.items():
+            results[name].append(trial(arm))
     plain = statistics.median(cpu for cpu, _ in results["imports left to the collector"])
     rows = []
     print(f"\na start forked after the imports, ended by sys.exit (median of {args.trials}):\n")

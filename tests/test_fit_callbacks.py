@@ -281,7 +281,8 @@ async def test_a_resumed_fit_draws_each_epoch_once(logdir: str) -> None:
     # TensorFlow's per-process counter. Two files of one process in one second can sort
     # against the order they were made ("...9.v2" after "...10.v2"), and TensorBoard then
     # purges the later session's points as a restart's: the resumed session starts in the
-    # next second, as any restart of a real run does.
+    # next second, as a restart in another process does (a retry in the same process within
+    # the second is not covered: docs/tensorboard.md says so).
     started = int(time.time())
     while int(time.time()) == started:
         await anyio.sleep(0.05)

@@ -177,7 +177,7 @@ def kill_trials(logdir: str, trials: int, seed: int, save_steps: int, *extra: st
     # may take longer than the trials' second, and the clean run must end clean.
     final = Trainer(logdir, "--max-steps", "0", "--grace", "120", *extra)  # to restore
     restored = final.wait_restored()
-    final.proc.wait(60)
+    final.proc.wait(180)
     report.went_back += restored < previous_restore
     if previous_last_step is not None:
         report.lost_steps.append(previous_last_step - restored)
