@@ -7,7 +7,6 @@ import os
 import time
 from typing import Any
 
-import anyio
 import keras
 import numpy as np
 import pytest
@@ -15,6 +14,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import asupervisor as asv
+from tests.conftest import next_second
 
 pytestmark = pytest.mark.asyncio
 
@@ -277,15 +277,7 @@ async def test_a_resumed_fit_draws_each_epoch_once(logdir: str) -> None:
                 model, dataset(), epochs=3, validation_data=dataset(seed=1),
                 callbacks=[Crash()], verbose=0,
             )  # fmt: skip
-    # TensorBoard reads a run's events files in the order of their names: the second, then
-    # TensorFlow's per-process counter. Two files of one process in one second can sort
-    # against the order they were made ("...9.v2" after "...10.v2"), and TensorBoard then
-    # purges the later session's points as a restart's: the resumed session starts in the
-    # next second, as a restart in another process does (a retry in the same process within
-    # the second is not covered: docs/tensorboard.md says so).
-    started = int(time.time())
-    while int(time.time()) == started:
-        await anyio.sleep(0.05)
+    await next_second()  # TensorBoard's order of events files (tests/conftest.py)
     model = compiled(lr=0.02)  # other values: the crashed session's points must not show
     async with supervisor(logdir, model).session() as sess:
         assert sess.data_position == (0, 0)
