@@ -51,6 +51,29 @@ async def test_a_truncated_newest_checkpoint_falls_back_to_the_previous(
     assert fallback and fallback[0]["skipped"].endswith("model.ckpt-4") and fallback[0]["reason"]
 
 
+async def test_a_torn_uncommitted_checkpoint_is_skipped_and_removed_a_committed_one_kept(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """A kill in TF's save can leave the data file whole and the ``.index`` empty, before
+    the commit: skipped, and removed by the chief (else, once the head is past it, nothing
+    looks at it again: found by the kill trials). A damaged commit is the run's record: kept."""
+    await train(logdir, 4)
+    committed = Path(logdir, "model.ckpt-4.data-00000-of-00001")
+    committed.write_bytes(committed.read_bytes()[:7])  # damaged, but committed
+    torn = Path(logdir, "model.ckpt-6")
+    torn.with_name("model.ckpt-6.data-00000-of-00001").write_bytes(
+        Path(logdir, "model.ckpt-2.data-00000-of-00001").read_bytes()
+    )
+    torn.with_name("model.ckpt-6.index").write_bytes(b"")  # the kill came as it was made
+    report, a = await restored_step(logdir)
+    assert report.step == 2 and a == 2.0
+    assert [Path(p).name for p, _ in report.skipped] == ["model.ckpt-6", "model.ckpt-4"]
+    assert not list(Path(logdir).glob("model.ckpt-6*"))
+    (removed,) = named(events, "checkpoint.torn_removed")
+    assert removed["path"].endswith("model.ckpt-6") and removed["reason"]
+    assert Path(logdir, "model.ckpt-4.index").exists() and committed.exists()
+
+
 async def test_a_state_file_pointing_at_deleted_files_falls_back(logdir: str) -> None:
     await train(logdir, 6)
     for name in os.listdir(logdir):

@@ -112,7 +112,24 @@ class Restorer:
                     self._settle(path, skipped)
                 return path, False
             self._skip(skipped, path, problem)
+            self._remove_if_torn(path, problem)
         return None, False
+
+    def _remove_if_torn(self, path: str, problem: str) -> None:
+        """A damaged checkpoint no commit names is a write a kill cut short (TF's saver
+        may leave an empty ``.index``): the chief removes it, or it would stay for ever
+        (once the head is past it, no restore or sweep looks at it again). Committed ones
+        stay: they are the run's record, skipped with their reason."""
+        name = os.path.basename(path)
+        if not self.chief or self.catalog.history.by_name(name) is not None:
+            return
+        for file in self.store.files_of(name):
+            try:
+                self.store.remove(file)
+            except OSError as exc:
+                log.warning("checkpoint.not_deleted", path=self.store.path(file), error=repr(exc))
+                return
+        log.warning("checkpoint.torn_removed", path=path, reason=problem)
 
     def _settle(self, path: str, skipped: list[tuple[str, str]]) -> None:
         """The chief restored ``path``: it is the head from now on. One a kill left
