@@ -16,7 +16,7 @@ from typing import Any
 from .._errors import CheckpointMismatchError
 from .._log import log
 from .._logdir.catalog import Catalog
-from .._logdir.files import checkpoint_problem, files_problem
+from .._logdir.files import checkpoint_problem, delete_checkpoint, files_problem
 from .._logdir.lock import WriteGuard
 from .._logdir.store import Store
 from .._logdir.verify import shape_differences, top_level_differences, verify_checkpoint
@@ -123,13 +123,8 @@ class Restorer:
         name = os.path.basename(path)
         if not self.chief or self.catalog.history.by_name(name) is not None:
             return
-        for file in self.store.files_of(name):
-            try:
-                self.store.remove(file)
-            except OSError as exc:
-                log.warning("checkpoint.not_deleted", path=self.store.path(file), error=repr(exc))
-                return
-        log.warning("checkpoint.torn_removed", path=path, reason=problem)
+        if delete_checkpoint(self.store, name):
+            log.warning("checkpoint.torn_removed", path=path, reason=problem)
 
     def _settle(self, path: str, skipped: list[tuple[str, str]]) -> None:
         """The chief restored ``path``: it is the head from now on. One a kill left

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 
+from .._log import log
 from .history import NameFormat, read_history
 from .store import Store
 from .verify import verify_checkpoint
@@ -77,3 +78,19 @@ def checkpoint_bytes(store: Store, prefix: str) -> int:
         if store.kind(name) == "file":
             total += store.size(name)
     return total
+
+
+def delete_checkpoint(store: Store, name: str) -> bool:
+    """Remove the files of the checkpoint ``name``; whether all of them went (one that
+    cannot be removed is logged, and the others are still tried).
+
+    The index first: a kill in between leaves a data file no index names (removed at the
+    chief's next start), never an index whose data is gone."""
+    removed = True
+    for file in sorted(store.files_of(name), key=lambda n: not n.endswith(".index")):
+        try:
+            store.remove(file)
+        except OSError as exc:
+            log.warning("checkpoint.not_deleted", path=store.path(file), error=repr(exc))
+            removed = False
+    return removed

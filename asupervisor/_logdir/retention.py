@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .._log import log
 from .catalog import Catalog
+from .files import delete_checkpoint
 from .history import Commit, History
 from .leases import Registration, leased, registrations
 from .records import read_results
@@ -258,15 +258,6 @@ class Retention:
             if commit.kept != "gone" or commit.foreign or commit.name in standing:
                 continue
             if commit.name + ".index" in on_disk:
-                self._delete(commit.name)
+                delete_checkpoint(self.store, commit.name)  # what fails is left, logged
                 deleted.append(commit.name)
         return deleted
-
-    def _delete(self, name: str) -> None:
-        # The index first: a kill in between leaves a data file no index names (removed
-        # at the chief's next start), never an index whose data is gone.
-        for file in sorted(self.store.files_of(name), key=lambda n: not n.endswith(".index")):
-            try:
-                self.store.remove(file)
-            except OSError as exc:  # left behind, not fatal: the history calls it gone
-                log.warning("checkpoint.not_deleted", path=self.store.path(file), error=repr(exc))
