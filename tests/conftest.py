@@ -16,7 +16,6 @@ os.environ.setdefault("ASV_SEED", str(random.SystemRandom().randrange(2**32)))
 
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -104,20 +103,6 @@ def pytest_collection_finish(session: pytest.Session) -> None:
     (about a third of their time, a few percent of the suite's CPU)."""
     gc.collect()
     gc.freeze()
-
-
-async def next_second() -> None:
-    """Wait until the wall clock's second changes. TensorBoard reads a directory's events
-    files in the order of their names, which begin with the second they were made, then the
-    host, the process id and TensorFlow's per-process counter, compared as text: two files
-    made in one second may be read against the order they were made, and the later one's
-    points are then dropped as a crashed session's (docs/tensorboard.md). A test that reads
-    two sessions' events with TensorBoard's loader starts the second one in a later second."""
-    import anyio
-
-    started = int(time.time())
-    while int(time.time()) == started:
-        await anyio.sleep(0.02)
 
 
 @pytest.fixture(params=["asyncio", "trio"])

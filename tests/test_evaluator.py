@@ -28,7 +28,7 @@ from asupervisor._logdir.records import read_results
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 from tests import forked
-from tests.conftest import Pair, named, next_second, pair_supervisor
+from tests.conftest import Pair, named, pair_supervisor
 
 LEASE = _leases.PREFIX + "evaluator"
 
@@ -170,7 +170,6 @@ async def test_resumes_after_a_kill_between_its_events_and_its_results_skipping_
 
     for ext in ("index", "data-00000-of-00001"):  # complete, never committed
         shutil.copy(Path(logdir) / f"model.ckpt-8.{ext}", Path(logdir) / f"model.ckpt-100.{ext}")
-    await next_second()  # TensorBoard's order of events files (tests/conftest.py)
     second, _ = evaluator(logdir)
     done = await second.run(until_step=8)
     assert [e.step for e in done] == [4, 6, 8]  # none of the first run's again
@@ -424,7 +423,6 @@ async def test_the_command_stops_after_the_evaluation_in_flight_on_sigterm_and_r
     assert sorted(results_file(logdir)) == ["model.ckpt-0"]  # the one in flight, recorded
     assert not (Path(logdir) / LEASE).exists()
 
-    await next_second()  # TensorBoard's order of events files (tests/conftest.py)
     ev, _ = evaluator(logdir)
     assert [e.step for e in await ev.run(until_step=6)] == [2, 4, 6]
     assert [s for s, _ in tensorboard_points(logdir, "eval/a")] == [0, 2, 4, 6]

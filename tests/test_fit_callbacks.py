@@ -14,7 +14,6 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import asupervisor as asv
-from tests.conftest import next_second
 
 pytestmark = pytest.mark.asyncio
 
@@ -277,7 +276,6 @@ async def test_a_resumed_fit_draws_each_epoch_once(logdir: str) -> None:
                 model, dataset(), epochs=3, validation_data=dataset(seed=1),
                 callbacks=[Crash()], verbose=0,
             )  # fmt: skip
-    await next_second()  # TensorBoard's order of events files (tests/conftest.py)
     model = compiled(lr=0.02)  # other values: the crashed session's points must not show
     async with supervisor(logdir, model).session() as sess:
         assert sess.data_position == (0, 0)

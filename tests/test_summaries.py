@@ -337,6 +337,49 @@ async def test_each_session_start_drops_the_points_a_crashed_session_wrote_after
     ]  # fmt: skip
 
 
+async def test_a_session_started_in_the_second_of_the_one_before_is_read_after_it(
+    logdir: str,
+) -> None:
+    # TensorBoard reads a directory's events files in the order of their names (second,
+    # host, pid, counter: text). The crashed session's file is given a name of the current
+    # second that sorts after any of this process's: the next session's file must sort
+    # after it all the same, or its points are dropped as the crashed session's.
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    v = tf.Variable(0.0)
+
+    def make() -> asv.Supervisor:
+        return asv.Supervisor(
+            logdir,
+            checkpoint={"v": v},
+            save_model_secs=0,
+            save_model_steps=5,
+            save_summaries_secs=0,
+            save_summaries_steps=1,
+            summary_fn=lambda: {"v": v},
+            handle_signals=False,
+        )
+
+    with pytest.raises(RuntimeError, match="crash"):
+        async with make().session() as sess:
+            for _ in range(8):
+                await sess.run(v.assign_add, 10.0)  # points 1..8; checkpoint at 5
+            raise RuntimeError("crash")
+    (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    while time.time() % 1 > 0.2:  # early in a second: the next session starts within it
+        await anyio.sleep(0.01)
+    now = int(time.time())
+    os.rename(crashed, os.path.join(logdir, f"events.out.tfevents.{now}.zzzz.99999999.9.v2"))
+    async with make().session() as sess:
+        for _ in range(3):
+            await sess.run(v.assign_add, 1.0)  # points 6..8 again, with other values
+    files = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))
+    assert "zzzz" in files[0], files  # the new session's file sorts last
+    acc = plugin_event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    assert points(acc, "v")[-3:] == [(6, 51.0), (7, 52.0), (8, 53.0)]
+
+
 async def test_a_summary_written_between_steps_is_at_the_step_it_reads(logdir: str) -> None:
     # The DCGAN port: epoch-end values written with sess.call after step N are at N.
     v = tf.Variable(0.0)

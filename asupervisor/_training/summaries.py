@@ -55,16 +55,42 @@ def writer_options(store: Store) -> dict[str, int]:
     return {} if store.local else {"max_queue": 10_000}
 
 
+def _second(name: str) -> int | None:
+    """The second an events file was made, from its name (``None``: not TF's naming)."""
+    try:
+        return int(name[len(EVENTS_FILE) :].split(".", 1)[0])
+    except ValueError:
+        return None
+
+
+def wait_to_sort_last(names: set[str]) -> None:
+    """Wait, if need be, until a file made now sorts after every events file in ``names``.
+    TensorBoard reads a directory's events files in the order of their names: the second
+    each was made, then host, pid and a counter compared as text. A file made in the same
+    second as one already there may be read before it, and the newer session's points are
+    then dropped as a crashed session's. So a new file waits for the next second: at most
+    a second, and only when a session started in the same second (a quick restart). A
+    file from the future (another host's clock) is not waited for."""
+    newest = max((s for s in map(_second, names) if s is not None), default=None)
+    if newest is None or int(time.time()) != newest:
+        return
+    until = time.monotonic() + 1.5  # the wall clock may be slewed: bounded all the same
+    while int(time.time()) == newest and time.monotonic() < until:
+        time.sleep(max(0.001, newest + 1 - time.time()))
+
+
 def create_events_file(store: Store) -> tuple[tf.summary.SummaryWriter, str | None]:
     """A new writer in the logdir and the name of the events file it writes (``None`` if
     unknown). The file is found by what appeared in the directory: only the chief,
-    which holds the logdir lock, creates events files there."""
+    which holds the logdir lock, creates events files there. Blocking (up to a second
+    to sort last, and I/O): not on the event loop."""
     import tensorflow as tf
 
     def events() -> set[str]:
-        return {n for n in store.names() if n.startswith("events.out.tfevents.")}
+        return {n for n in store.names() if n.startswith(EVENTS_FILE)}
 
     before = events()
+    wait_to_sort_last(before)
     # Trackable: its resource handle is public, and a lost file is renewed under it.
     writer = tf.summary.create_file_writer(
         store.root, experimental_trackable=True, **writer_options(store)
