@@ -480,3 +480,67 @@ def test_a_hung_step_ends_its_process_within_one_grace_with_its_end_on_record(
     ended = datetime.datetime.fromisoformat(session.ended or "").timestamp()
     assert ended - signalled < 11, (ended - signalled, run.output)
     assert (session.outcome, session.exit_status) == ("stuck", 124), run.output
+
+
+JUDGED_STUCK = """
+    import os, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    v = tf.Variable(0.0)
+    attempt = int(os.environ["ASUPERVISOR_ATTEMPT"])
+
+    async def main() -> None:
+        # A long grace: a step judged stuck must not be given it (the runner kills 10 s
+        # after its stop signal, and a killed session leaves no end on record).
+        sv = asv.Supervisor(sys.argv[1], checkpoint={"v": v}, save_model_secs=0,
+                            save_model_steps=5, save_summaries_secs=0, heartbeat_secs=0.2,
+                            stop_grace_secs=60, hooks=[StopAtStepHook(last_step=12)])
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                if attempt == 1 and sess.global_step == 7:
+                    print("hung", flush=True)
+                    await sess.run(time.sleep, 3600)  # a step that never ends
+                await anyio.sleep(0.01)
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_a_step_judged_stuck_is_not_given_the_grace_and_its_end_is_on_record(
+    tmp_path: Path,
+) -> None:
+    """`--stuck-after 3` over a child whose step hangs, with a 60 s stop grace: the runner
+    judges the step stuck and sends the stop signal; the child's session does not wait for
+    that step again (it would be killed 10 s later, its end unrecorded), records its end
+    (stuck, 124) and exits; the restart goes on from the last checkpoint to the end."""
+    logdir = tmp_path / "run"
+    script = tmp_path / "stuck.py"
+    script.write_text(textwrap.dedent(JUDGED_STUCK))
+    run = Supervised(
+        "--logdir",
+        str(logdir),
+        "--stuck-after",
+        "3",
+        "--startup-timeout",
+        "120",
+        "--grace",
+        "90",
+        "--",
+        sys.executable,
+        str(script),
+        str(logdir),
+    )
+    try:
+        code = run.finish()
+    finally:
+        run.proc.kill()
+    assert code == 0, run.output
+    first, second = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    assert first.ended is not None, run.output  # it ended itself, before the runner's kill
+    assert (first.outcome, first.exit_status) == ("stuck", 124), run.output
+    assert "past the step deadline (3 s)" in "\n".join(run.errors), run.output
+    assert (second.restored_step, second.outcome) == (5, "done"), run.output
+    assert tf.train.latest_checkpoint(str(logdir)).endswith("model.ckpt-12")

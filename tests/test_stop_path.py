@@ -126,6 +126,25 @@ async def test_a_hung_hook_is_bounded_by_the_watchdog_and_the_grace(logdir: str)
     assert not finished.is_set(), "the session waited for the hung hook to return"
 
 
+async def test_a_step_past_the_watchdogs_timeout_is_not_given_the_grace(logdir: str) -> None:
+    # The step was judged stuck by its deadline: waiting stop_grace_secs for it again would
+    # make a hang cost the deadline and the grace. Here the grace (60 s) outlasts the step
+    # (8 s): a session that waited would see it end.
+    pair, finished = Pair(), threading.Event()
+
+    def slow() -> None:
+        time.sleep(8)
+        finished.set()
+
+    sv = make(logdir, pair, step_timeout_secs=0.5, stop_grace_secs=60)
+    with pytest.raises(asv.StepTimeout):
+        async with sv.session() as sess:
+            await sess.run(pair.step)
+            await sess.run(slow)
+    assert not finished.is_set(), "the session waited for a step past its deadline"
+    assert sess.outcome is asv.Outcome.STUCK
+
+
 async def test_steps_after_a_stop_are_refused_and_the_session_ends_cleanly(logdir: str) -> None:
     pair = Pair()
     sv = make(logdir, pair, hooks=[StopAtStepHook(last_step=3)])
@@ -345,6 +364,9 @@ async def test_the_final_save_does_not_wait_for_the_datas_iterator_to_be_destroy
         valve.cancel()
     assert not destroyed_early, "the session waited for the iterator's destructor"
     assert saved_step(tf.train.latest_checkpoint(logdir)) == 5
+    with anyio.move_on_after(60):  # the releaser thread runs it when it gets the CPU
+        while not data.destroyed_on:
+            await anyio.sleep(0.05)
     assert data.destroyed_on and "asupervisor-training" not in data.destroyed_on
 
 

@@ -41,6 +41,9 @@ NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief
 ENV_FILE = "ASUPERVISOR_HEARTBEAT"  # a local file any session process also writes
 ENV_ATTEMPT = "ASUPERVISOR_ATTEMPT"  # set by `asupervisor run`: 1 for the first start
 ENV_RUN = "ASUPERVISOR_RUN"  # set by asupervisor run: one id per run, in every attempt
+# Set by `asupervisor run` when it watches liveness: how long one step may run before the
+# runner judges it stuck (its --stuck-after); a session does not wait for such a step again.
+ENV_STUCK_AFTER = "ASUPERVISOR_STUCK_AFTER"
 VERSION = 1
 MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes
 
@@ -113,6 +116,16 @@ class Verdict:
     stale: bool
     why: str
     limit_secs: float  # the deadline that applied
+
+
+def stuck_after_from_env() -> float | None:
+    """The runner's step deadline (``ENV_STUCK_AFTER``), or ``None`` (not set, not a
+    positive number)."""
+    try:
+        secs = float(os.environ.get(ENV_STUCK_AFTER, ""))
+    except ValueError:
+        return None
+    return secs if secs > 0 else None
 
 
 def judge(

@@ -335,6 +335,9 @@ class ProcessSupervisor:
             env = dict(os.environ)
             env[_heartbeat.ENV_ATTEMPT] = str(number)
             env[_heartbeat.ENV_RUN] = self.run_id
+            env.pop(_heartbeat.ENV_STUCK_AFTER, None)
+            if config.stuck_after is not None:
+                env[_heartbeat.ENV_STUCK_AFTER] = repr(config.stuck_after)
             env.pop(_channel.ENV, None)  # each process gets its own
             if configs is not None:
                 env["TF_CONFIG"] = configs[rank]

@@ -27,6 +27,7 @@ from .._errors import (
 )
 from .._kinds import JobKind, Phase, RestoreSource
 from .._log import log
+from .._logdir import heartbeat as _heartbeat
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
 from .._outcome import Outcome, StopReason, reason_of
 from .._training.kept_state import KeptState, key_of
@@ -50,6 +51,13 @@ if TYPE_CHECKING:
     from .._supervisor import Supervisor
     from .coordinator import SessionCoordinator
     from .managed import ManagedSession
+
+
+def step_deadline(step_timeout_secs: float | None) -> float | None:
+    """How long one training step may run before it is stuck: the watchdog's
+    ``step_timeout_secs`` or, under ``asupervisor run``, its ``--stuck-after``: the sooner."""
+    found = [d for d in (step_timeout_secs, _heartbeat.stuck_after_from_env()) if d is not None]
+    return min(found, default=None)
 
 
 class SessionRuntime:
@@ -102,6 +110,8 @@ class SessionRuntime:
             self.request_stop,
             lambda: self.step.value,
             _exit.outside_signal,
+            step_deadline(sv.step_timeout_secs),
+            lambda: self.stepper.first_done is not None,
         )
         self.loopwatch = LoopWatch(self.caller)
         self.presence = Presence(self)  # the heartbeat and the ledger

@@ -36,7 +36,7 @@ from .._errors import GracePeriodExpired, SessionClosed, SessionStopped, StepTim
 from .._kinds import JobKind, Phase
 from .._log import log
 from .._outcome import Ending, Outcome, StopReason, is_cancellation, outcome_of
-from .._training.thread import Job, TrainingThread
+from .._training.thread import Flight, Job, TrainingThread
 from .services import ServiceGroup
 from .stopping import StopFlag, end_of_data_types
 
@@ -70,9 +70,15 @@ class StopPath:
         request_stop: Callable[[BaseException | None, StopReason], object],
         step: Callable[[], int],
         outside_signal: Callable[[], str | None],
+        step_deadline: float | None = None,
+        first_step_done: Callable[[], bool] = lambda: True,
     ) -> None:
         self._flag, self._thread, self._services = flag, thread, services
         self._grace = grace_secs
+        # A training step that has run this long is stuck already (the watchdog's
+        # step_timeout_secs, or `asupervisor run --stuck-after`): not waited for again.
+        self._step_deadline = step_deadline
+        self._first_step_done = first_step_done
         self._request_stop = request_stop  # the session's one entry (agreed in a job)
         self._step = step  # the global step, for the log
         self._outside_signal = outside_signal  # a stop signal the program had (asv.run)
@@ -81,6 +87,7 @@ class StopPath:
         self.cancelled: BaseException | None = None  # cancellation from outside the session
         self._cancelled_by: tuple[str, Phase] | None = None  # the program's stop signal
         self.stuck: str | None = None  # the work still running after the grace period
+        self.stuck_for: float | None = None  # or: how long the step had run past its deadline
         self.signals: list[tuple[str, Phase]] = []  # stop signals that came, and when
         self.late_signals: list[int] = []  # came while stopping: handed on afterwards
         self.deadline: float | None = None  # the end of the one grace, once it has begun
@@ -188,21 +195,40 @@ class StopPath:
         self.stuck = name
         now = time.monotonic()
         self.deadline = now if self.deadline is None else min(self.deadline, now)
-        log.error("session.step_stuck", step=self._step(), job=name, grace_secs=self._grace)
+        log.error(
+            "session.step_stuck",
+            step=self._step(),
+            job=name,
+            grace_secs=self._grace,
+            past_deadline_secs=self._step_deadline if self.stuck_for is not None else None,
+        )
+
+    def _past_deadline(self, flight: Flight, now: float) -> float | None:
+        """How long the training step in flight has run, if past its deadline (after the
+        first step: before it, tracing and restores have the longer start-up deadline)."""
+        deadline = self._step_deadline
+        if deadline is None or not flight.training or not self._first_step_done():
+            return None
+        ran = now - flight.step_started_at
+        return ran if ran >= deadline else None
 
     async def watch_grace(self, body: anyio.CancelScope) -> None:
         """While the body runs: work on the training thread that was under way (or queued)
         when the stop came gets ``stop_grace_secs`` from then, or is given up on, and the
-        grace is spent. Work the body starts after the stop is the body's own business."""
+        grace is spent; a training step already past its deadline is given up on at once
+        (it was judged stuck: the stop came for it, or it would be judged so now). Work
+        the body starts after the stop is the body's own business."""
         await self._flag.wait()
         stopped_at = self._flag.stopped_at or time.monotonic()
         grace = self._grace
         while self.phase is Phase.RUNNING and not body.cancel_called:
             flight = self._thread.in_flight()
             if flight is not None:
-                job = flight.job
+                job, now = flight.job, time.monotonic()
                 if job.kind is not JobKind.HOLD and job.submitted_at <= stopped_at:
-                    if time.monotonic() - max(flight.started_at, stopped_at) >= grace:
+                    past = self._past_deadline(flight, now)
+                    if past is not None or now - max(flight.started_at, stopped_at) >= grace:
+                        self.stuck_for = past
                         self._report_stuck(job.name)
                         body.cancel()
                         return
@@ -226,18 +252,32 @@ class StopPath:
             await self._finish(finish)
 
     async def _drain(self) -> bool:
-        """Wait, at most what is left of the grace, until the training thread is idle."""
+        """Wait, at most what is left of the grace, until the training thread is idle; a
+        training step past its deadline is given up on at once."""
         if self.stuck is not None:
             return False
         if self._thread.idle():
             return True
-        with anyio.move_on_after(self.left()):
+        idle = anyio.Event()
+
+        async def drained() -> None:
             with contextlib.suppress(SessionClosed):
                 await self._thread.run_job(Job(_nothing, kind=JobKind.INTERNAL))
-            return True
-        flight = self._thread.in_flight()
-        self._report_stuck(flight.job.name if flight else "a training-thread job")
-        return False
+            idle.set()
+
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(drained)
+            while not idle.is_set():
+                flight = self._thread.in_flight()
+                past = None if flight is None else self._past_deadline(flight, time.monotonic())
+                if past is not None or self.left() <= 0:
+                    self.stuck_for = past
+                    self._report_stuck(flight.job.name if flight else "a training-thread job")
+                    tg.cancel_scope.cancel()
+                    return False
+                with anyio.move_on_after(min(POLL_SECS, self.left())):
+                    await idle.wait()
+        return True
 
     async def _finish(self, finish: Callable[[], Awaitable[None]]) -> None:
         """``finish`` within what is left of the grace (a grace of 0: not bounded; the
@@ -280,6 +320,15 @@ class StopPath:
             raised = KeyboardInterrupt(f"a second SIGINT: stopped at once; {lost}")
         elif self.cancelled is not None:
             raised = self.cancelled
+        elif self.stuck is not None and self.stuck_for is not None:
+            if not isinstance(error, StepTimeout):  # the watchdog's says so already
+                past = StepTimeout(
+                    f"{self.stuck!r} had run {self.stuck_for:.1f} s, past the step deadline "
+                    f"({self._step_deadline:g} s) when the stop came: it was not waited for; "
+                    f"no final checkpoint was written: {lost}"
+                )
+                past.__cause__ = error
+                raised = past
         elif self.stuck is not None and not isinstance(error, StepTimeout):
             expired = GracePeriodExpired(
                 f"{self.stuck!r} was still running {self._grace} s (stop_grace_secs) after "
