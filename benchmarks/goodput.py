@@ -30,8 +30,11 @@ and the speed of the next process against the one before. Each fault's floor is 
 cannot cost less than: a kill or an exception, the lost work plus a restore; a hang, that
 plus the deadline (``--stuck-after``); a preemption, a cold start and a restore (the
 command is started again on a "new node", without a standby; its final save is part of
-``notice``). ``over floor`` is what the system added. Goodput is productive steps per
-wall-clock second under faults over the same without faults. This VM's speed drifts by
+``notice``). A cold start is the system's own, measured in its fault-free run: from the
+command's start to its trainer's imports done (for ``asupervisor run``, its standby's imports
+and the fork; for the others, a new interpreter's). ``over floor`` is what the system
+added. Goodput is productive steps per wall-clock second under faults over the same
+without faults. This VM's speed drifts by
 up to 2x between runs minutes apart, so each run also measures its own training speed
 (steps per second while its processes trained, recorded by the trainer), and "goodput,
 same run" is productive steps over (that speed x the wall time): the share of the wall
@@ -98,6 +101,7 @@ class Result:
     speed: float = 0.0  # steps per second while its processes trained (this run's machine)
     stalled: bool = False  # cut because no step was taken for --stall-secs
     costs: list[dict[str, object]] = field(default_factory=list)  # one row per fault
+    cold_start: float | None = None  # the command's start to its first trainer's imports
 
     @property
     def rate(self) -> float:
@@ -229,10 +233,22 @@ def starts(workdir: str) -> list[Start]:
     return sorted(found, key=lambda s: s.first)
 
 
+def cold_start(workdir: str, began_wall: float) -> float | None:
+    """From the command's first start to its first trainer's imports done."""
+    known = starts(workdir)
+    return known[0].imported - began_wall if known else None
+
+
 def fault_costs(
-    system: str, faults: list[Fault], workdir: str, began_wall: float, args: argparse.Namespace
+    system: str,
+    faults: list[Fault],
+    workdir: str,
+    began_wall: float,
+    cold: float | None,
+    args: argparse.Namespace,
 ) -> list[dict[str, object]]:
-    """One row per fault: what it cost, split as the module docstring says."""
+    """One row per fault: what it cost, split as the module docstring says; ``cold`` is
+    the system's cold start, from its fault-free run."""
     rows: list[dict[str, object]] = []
     known = starts(workdir)
     overall = training_speed(workdir)
@@ -254,9 +270,13 @@ def fault_costs(
         restore = after.restored - after.imported
         first = after.first - after.restored
         imports = after.imported - after.begun
-        # A preempted command starts again cold (a new node has no standby): its imports
-        # are part of its floor; its final save is part of "notice".
-        floor = restore + first + (imports if fault.kind == "preempt" else lost)
+        # A preempted command starts again cold (a new node has no standby): a cold start
+        # is part of its floor (the standby's imports are in "notice" for asupervisor run,
+        # the trainer's in "imports" for the others); its final save is part of "notice".
+        if fault.kind == "preempt":
+            floor = restore + first + (cold if cold is not None else imports)
+        else:
+            floor = restore + first + lost
         if fault.kind == "hang":
             floor += args.stuck_after
         recovery = after.first - fault.at
@@ -303,6 +323,7 @@ def run(
     budget: float,
     args: argparse.Namespace,
     keep: str,
+    cold: float | None = None,
 ) -> Result:
     workdir = tempfile.mkdtemp(prefix=f"goodput-{system}-")
     result = Result(system, bool(schedule))
@@ -362,7 +383,8 @@ def run(
         time.sleep(0.5)
         result.productive = productive_steps(system, workdir, args)
         result.speed = training_speed(workdir)
-        result.costs = fault_costs(system, delivered, workdir, began_wall, args)
+        result.cold_start = cold_start(workdir, began_wall)
+        result.costs = fault_costs(system, delivered, workdir, began_wall, cold, args)
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return result
@@ -422,7 +444,8 @@ def main() -> None:
     for system in systems:
         clean[system] = run(system, [], 10**6, args, keep)
         print(
-            f"{system}: fault-free {clean[system].wall:.1f} s, {clean[system].rate:.1f} steps/s",
+            f"{system}: fault-free {clean[system].wall:.1f} s, {clean[system].rate:.1f} steps/s, "
+            f"cold start {clean[system].cold_start or float('nan'):.1f} s",
             flush=True,
         )
     schedule = make_schedule(clean[systems[0]].wall, args.seed)
@@ -430,7 +453,7 @@ def main() -> None:
     faulted = {}
     for system in systems:
         budget = args.budget * clean[system].wall
-        faulted[system] = run(system, schedule, budget, args, keep)
+        faulted[system] = run(system, schedule, budget, args, keep, clean[system].cold_start)
         r = faulted[system]
         print(
             f"{system}: with faults {r.wall:.1f} s, {r.productive} productive steps, "
@@ -514,6 +537,7 @@ def write_results(
                 "system": names[system],
                 "fault-free: wall s": round(c.wall, 1),
                 "fault-free: steps/s": round(c.rate, 1),
+                "cold start s": None if c.cold_start is None else round(c.cold_start, 2),
                 "with faults: wall s": round(f.wall, 1),
                 "with faults: productive steps/s": round(f.rate, 1),
                 "goodput % (vs the fault-free run)": round(100 * f.rate / c.rate, 1),
