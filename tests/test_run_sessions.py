@@ -541,6 +541,6 @@ def test_a_step_judged_stuck_is_not_given_the_grace_and_its_end_is_on_record(
     first, second = _ledger.sessions(_ledger.read(Store(str(logdir))))
     assert first.ended is not None, run.output  # it ended itself, before the runner's kill
     assert (first.outcome, first.exit_status) == ("stuck", 124), run.output
-    assert "past the step deadline (3 s)" in "\n".join(run.errors), run.output
+    assert "past its deadline of 3 s" in "\n".join(run.errors), run.output
     assert (second.restored_step, second.outcome) == (5, "done"), run.output
     assert tf.train.latest_checkpoint(str(logdir)).endswith("model.ckpt-12")

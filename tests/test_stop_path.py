@@ -145,6 +145,44 @@ async def test_a_step_past_the_watchdogs_timeout_is_not_given_the_grace(logdir: 
     assert sess.outcome is asv.Outcome.STUCK
 
 
+async def test_a_step_that_crosses_its_deadline_after_the_stop_has_the_grace(logdir: str) -> None:
+    # The deadline judges the step as it was when the stop came: one stopped at 0.3 s of a
+    # 2 s step is no hang, though the 1 s deadline passes while it finishes.
+    pair, finished = Pair(), threading.Event()
+
+    def slow() -> None:
+        time.sleep(2)
+        finished.set()
+
+    async def stop_soon(sess: asv.ManagedSession) -> None:
+        await anyio.sleep(0.3)
+        sess.request_stop()
+
+    sv = make(logdir, pair, step_timeout_secs=1, stop_grace_secs=60)
+    async with sv.session() as sess:
+        await sess.run(pair.step)
+        async with anyio.create_task_group() as tg:
+            tg.start_soon(stop_soon, sess)
+            await sess.run(slow)
+    assert finished.is_set() and sess.outcome is asv.Outcome.DONE
+    assert saved_step(tf.train.latest_checkpoint(logdir)) == 2  # the final save
+
+
+def test_the_step_deadline_is_the_watchdogs_if_it_runs_and_the_runners_if_it_watches(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from asupervisor._session.runtime import step_deadline
+
+    sv = asv.Supervisor(None, step_timeout_secs=7, heartbeat_secs=2, handle_signals=False)
+    monkeypatch.setenv("ASUPERVISOR_STUCK_AFTER", "5")
+    assert step_deadline(sv, watchdog=True, watched=True) == 6  # three beats at least
+    assert step_deadline(sv, watchdog=True, watched=False) == 7  # inherited: no one watches
+    assert step_deadline(sv, watchdog=False, watched=False) is None  # no watchdog runs
+    for bad in ("", "0", "-1", "nan", "soon"):
+        monkeypatch.setenv("ASUPERVISOR_STUCK_AFTER", bad)
+        assert step_deadline(sv, watchdog=False, watched=True) is None, bad
+
+
 async def test_steps_after_a_stop_are_refused_and_the_session_ends_cleanly(logdir: str) -> None:
     pair = Pair()
     sv = make(logdir, pair, hooks=[StopAtStepHook(last_step=3)])

@@ -380,6 +380,42 @@ async def test_a_session_started_in_the_second_of_the_one_before_is_read_after_i
     assert points(acc, "v")[-3:] == [(6, 51.0), (7, 52.0), (8, 53.0)]
 
 
+class Clock:
+    """``time`` for summaries.py: wall and monotonic time that only ``sleep`` moves."""
+
+    def __init__(self, now: float) -> None:
+        self.now, self.slept = now, 0.0
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, secs: float) -> None:
+        self.now += secs
+        self.slept += secs
+
+
+@pytest.mark.parametrize(
+    ("newest", "waits"),
+    [(1000, True), (999, False), (1005, False), (None, False)],  # now: 1000.3
+)
+async def test_a_new_events_file_waits_only_for_one_made_in_the_current_second(
+    monkeypatch: pytest.MonkeyPatch, newest: int | None, waits: bool
+) -> None:
+    from asupervisor._training import summaries
+
+    clock = Clock(1000.3)
+    monkeypatch.setattr(summaries, "time", clock)
+    names = {"events.out.tfevents.999.a.1.0.v2", "events.out.tfevents.x.y", "other"}
+    if newest is not None:
+        names.add(f"events.out.tfevents.{newest}.zzzz.99999999.9.v2")
+    summaries.wait_to_sort_last(names)
+    assert (int(clock.now), clock.slept > 0) == ((1001, True) if waits else (1000, False))
+    assert clock.slept < 1
+
+
 async def test_a_summary_written_between_steps_is_at_the_step_it_reads(logdir: str) -> None:
     # The DCGAN port: epoch-end values written with sess.call after step N are at N.
     v = tf.Variable(0.0)

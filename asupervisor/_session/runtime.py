@@ -53,10 +53,18 @@ if TYPE_CHECKING:
     from .managed import ManagedSession
 
 
-def step_deadline(step_timeout_secs: float | None) -> float | None:
-    """How long one training step may run before it is stuck: the watchdog's
-    ``step_timeout_secs`` or, under ``asupervisor run``, its ``--stuck-after``: the sooner."""
-    found = [d for d in (step_timeout_secs, _heartbeat.stuck_after_from_env()) if d is not None]
+def step_deadline(sv: Supervisor, watchdog: bool, watched: bool) -> float | None:
+    """How long one training step may run before it is judged stuck: the watchdog's
+    ``step_timeout_secs`` (if it runs: with the standard services) or, in a process
+    ``asupervisor run`` watches over its channel, the runner's limit (``--stuck-after``, at
+    least three beats): the sooner. A process the child starts inherits the variable, not
+    the channel: no one judges it."""
+    found = []
+    if sv.step_timeout_secs is not None and watchdog:
+        found.append(sv.step_timeout_secs)
+    runner = _heartbeat.stuck_after_from_env() if watched else None
+    if runner is not None:
+        found.append(max(runner, 3 * sv.heartbeat_secs))
     return min(found, default=None)
 
 
@@ -110,7 +118,7 @@ class SessionRuntime:
             self.request_stop,
             lambda: self.step.value,
             _exit.outside_signal,
-            step_deadline(sv.step_timeout_secs),
+            lambda: step_deadline(sv, timed_saves, self.presence.channel is not None),
             lambda: self.stepper.first_done is not None,
         )
         self.loopwatch = LoopWatch(self.caller)

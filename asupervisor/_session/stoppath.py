@@ -12,11 +12,13 @@ left behind. The phase changes through ``move`` only, and only forward::
 
 **One grace.** ``stop_grace_secs`` is one deadline, set once: when the body has left
 (draining begins), or, when work that was in flight at the stop outlives the grace while
-the body waits for it, at that moment (the grace is spent). Draining, the hooks' ``end``
-and the final save, the services and the closing all share it; once it has passed, each
-remaining part of the close gets a moment (``CLOSE_SECS``) and the ledger line and last
-beat ``RECORD_SECS``, so that the session's end is on record before an outside kill
-(``asupervisor run --grace``) that allows for the grace.
+the body waits for it, at that moment (the grace is spent). A training step that was past
+its own deadline when the stop came (the watchdog's, the runner's) is not given the grace:
+it was judged stuck already, and waiting again would make a hang cost deadline + grace.
+Draining, the hooks' ``end`` and the final save, the services and the closing all share
+it; once it has passed, each remaining part of the close gets a moment (``CLOSE_SECS``) and
+the ledger line and last beat ``RECORD_SECS``, so that the session's end is on record
+before an outside kill (``asupervisor run --grace``) that allows for the grace.
 
 **One ending.** ``end`` decides how the session ended, once, from the facts (``Ending``),
 and seals the stop flag: an error reported after that is raised in its reporter.
@@ -70,15 +72,17 @@ class StopPath:
         request_stop: Callable[[BaseException | None, StopReason], object],
         step: Callable[[], int],
         outside_signal: Callable[[], str | None],
-        step_deadline: float | None = None,
+        step_deadline: Callable[[], float | None] = lambda: None,
         first_step_done: Callable[[], bool] = lambda: True,
     ) -> None:
         self._flag, self._thread, self._services = flag, thread, services
         self._grace = grace_secs
-        # A training step that has run this long is stuck already (the watchdog's
-        # step_timeout_secs, or `asupervisor run --stuck-after`): not waited for again.
+        # A training step that had run this long when the stop came was judged stuck
+        # already (the watchdog's step_timeout_secs, the runner's --stuck-after): it is
+        # not waited for again. Read at the stop (the channel is known by then).
         self._step_deadline = step_deadline
         self._first_step_done = first_step_done
+        self.deadline_secs: float | None = None  # the step deadline, read at the stop
         self._request_stop = request_stop  # the session's one entry (agreed in a job)
         self._step = step  # the global step, for the log
         self._outside_signal = outside_signal  # a stop signal the program had (asv.run)
@@ -200,16 +204,19 @@ class StopPath:
             step=self._step(),
             job=name,
             grace_secs=self._grace,
-            past_deadline_secs=self._step_deadline if self.stuck_for is not None else None,
+            deadline_secs=self.deadline_secs if self.stuck_for is not None else None,
+            ran_secs=None if self.stuck_for is None else round(self.stuck_for, 2),
         )
 
-    def _past_deadline(self, flight: Flight, now: float) -> float | None:
-        """How long the training step in flight has run, if past its deadline (after the
-        first step: before it, tracing and restores have the longer start-up deadline)."""
-        deadline = self._step_deadline
+    def _past_deadline(self, flight: Flight, stopped_at: float) -> float | None:
+        """How long the training step in flight had run when the stop came, if that was
+        past its deadline: it was judged stuck (the stop came for it, or would have). Only
+        after the first step: tracing and restores have the longer start-up deadline; and
+        a step that crosses its deadline after the stop has the grace, as any work has."""
+        deadline = self.deadline_secs
         if deadline is None or not flight.training or not self._first_step_done():
             return None
-        ran = now - flight.step_started_at
+        ran = stopped_at - flight.step_started_at
         return ran if ran >= deadline else None
 
     async def watch_grace(self, body: anyio.CancelScope) -> None:
@@ -220,13 +227,14 @@ class StopPath:
         the body starts after the stop is the body's own business."""
         await self._flag.wait()
         stopped_at = self._flag.stopped_at or time.monotonic()
+        self.deadline_secs = self._step_deadline()
         grace = self._grace
         while self.phase is Phase.RUNNING and not body.cancel_called:
             flight = self._thread.in_flight()
             if flight is not None:
                 job, now = flight.job, time.monotonic()
                 if job.kind is not JobKind.HOLD and job.submitted_at <= stopped_at:
-                    past = self._past_deadline(flight, now)
+                    past = self._past_deadline(flight, stopped_at)
                     if past is not None or now - max(flight.started_at, stopped_at) >= grace:
                         self.stuck_for = past
                         self._report_stuck(job.name)
@@ -258,6 +266,9 @@ class StopPath:
             return False
         if self._thread.idle():
             return True
+        stopped_at = self._flag.stopped_at or time.monotonic()
+        if self.deadline_secs is None:
+            self.deadline_secs = self._step_deadline()
         idle = anyio.Event()
 
         async def drained() -> None:
@@ -269,7 +280,7 @@ class StopPath:
             tg.start_soon(drained)
             while not idle.is_set():
                 flight = self._thread.in_flight()
-                past = None if flight is None else self._past_deadline(flight, time.monotonic())
+                past = None if flight is None else self._past_deadline(flight, stopped_at)
                 if past is not None or self.left() <= 0:
                     self.stuck_for = past
                     self._report_stuck(flight.job.name if flight else "a training-thread job")
@@ -320,19 +331,20 @@ class StopPath:
             raised = KeyboardInterrupt(f"a second SIGINT: stopped at once; {lost}")
         elif self.cancelled is not None:
             raised = self.cancelled
-        elif self.stuck is not None and self.stuck_for is not None:
-            if not isinstance(error, StepTimeout):  # the watchdog's says so already
-                past = StepTimeout(
-                    f"{self.stuck!r} had run {self.stuck_for:.1f} s, past the step deadline "
-                    f"({self._step_deadline:g} s) when the stop came: it was not waited for; "
-                    f"no final checkpoint was written: {lost}"
-                )
-                past.__cause__ = error
-                raised = past
         elif self.stuck is not None and not isinstance(error, StepTimeout):
+            if self.stuck_for is not None:
+                why = (
+                    f"{self.stuck!r} had run {self.stuck_for:.1f} s when the stop came, past "
+                    f"its deadline of {self.deadline_secs:g} s (asupervisor run's --stuck-after "
+                    "or step_timeout_secs): it was not given the grace"
+                )
+            else:
+                why = (
+                    f"{self.stuck!r} was still running {self._grace} s (stop_grace_secs) "
+                    "after the stop"
+                )
             expired = GracePeriodExpired(
-                f"{self.stuck!r} was still running {self._grace} s (stop_grace_secs) after "
-                f"the stop; no final checkpoint was written: {lost}",
+                f"{why}; no final checkpoint was written: {lost}",
                 job=self.stuck,
                 grace_secs=self._grace,
                 unsaved_steps=unsaved_steps,
