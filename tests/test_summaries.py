@@ -301,31 +301,38 @@ async def test_in_step_summaries_land_at_the_step_of_summary_fn(
     assert scalars(acc, "outside") == [(n, float(n)) for n in range(1, 6)]
 
 
+def every_step(logdir: str, v: tf.Variable) -> asv.Supervisor:
+    """``v`` drawn at every step, a checkpoint every 5 steps."""
+    return asv.Supervisor(
+        logdir,
+        checkpoint={"v": v},
+        save_model_secs=0,
+        save_model_steps=5,
+        save_summaries_secs=0,
+        save_summaries_steps=1,
+        summary_fn=lambda: {"v": v},
+        handle_signals=False,
+    )
+
+
+async def crash_after_eight_steps(logdir: str, v: tf.Variable) -> None:
+    """A session that draws points 1..8 (10, 20, ... 80), saves at 5 and crashes: an error
+    leaves no final save, so the next session restores step 5."""
+    with pytest.raises(RuntimeError, match="crash"):
+        async with every_step(logdir, v).session() as sess:
+            for _ in range(8):
+                await sess.run(v.assign_add, 10.0)
+            raise RuntimeError("crash")
+
+
 async def test_each_session_start_drops_the_points_a_crashed_session_wrote_after_its_checkpoint(
     logdir: str,
 ) -> None:
     from tensorboard.backend.event_processing import plugin_event_accumulator
 
     v = tf.Variable(0.0)
-
-    def make() -> asv.Supervisor:
-        return asv.Supervisor(
-            logdir,
-            checkpoint={"v": v},
-            save_model_secs=0,
-            save_model_steps=5,
-            save_summaries_secs=0,
-            save_summaries_steps=1,
-            summary_fn=lambda: {"v": v},
-            handle_signals=False,
-        )
-
-    with pytest.raises(RuntimeError, match="crash"):
-        async with make().session() as sess:
-            for _ in range(8):
-                await sess.run(v.assign_add, 10.0)  # points 1..8; checkpoint at 5
-            raise RuntimeError("crash")  # an error: no final save
-    async with make().session() as sess:
+    await crash_after_eight_steps(logdir, v)
+    async with every_step(logdir, v).session() as sess:
         assert sess.restore_report.step == 5
         for _ in range(3):
             await sess.run(v.assign_add, 1.0)  # points 6..8 again, with other values
@@ -347,30 +354,13 @@ async def test_a_session_started_in_the_second_of_the_one_before_is_read_after_i
     from tensorboard.backend.event_processing import plugin_event_accumulator
 
     v = tf.Variable(0.0)
-
-    def make() -> asv.Supervisor:
-        return asv.Supervisor(
-            logdir,
-            checkpoint={"v": v},
-            save_model_secs=0,
-            save_model_steps=5,
-            save_summaries_secs=0,
-            save_summaries_steps=1,
-            summary_fn=lambda: {"v": v},
-            handle_signals=False,
-        )
-
-    with pytest.raises(RuntimeError, match="crash"):
-        async with make().session() as sess:
-            for _ in range(8):
-                await sess.run(v.assign_add, 10.0)  # points 1..8; checkpoint at 5
-            raise RuntimeError("crash")
+    await crash_after_eight_steps(logdir, v)
     (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
     while time.time() % 1 > 0.2:  # early in a second: the next session starts within it
         await anyio.sleep(0.01)
     now = int(time.time())
     os.rename(crashed, os.path.join(logdir, f"events.out.tfevents.{now}.zzzz.99999999.9.v2"))
-    async with make().session() as sess:
+    async with every_step(logdir, v).session() as sess:
         for _ in range(3):
             await sess.run(v.assign_add, 1.0)  # points 6..8 again, with other values
     files = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))

@@ -91,7 +91,7 @@ class StopPath:
         self.cancelled: BaseException | None = None  # cancellation from outside the session
         self._cancelled_by: tuple[str, Phase] | None = None  # the program's stop signal
         self.stuck: str | None = None  # the work still running after the grace period
-        self.stuck_for: float | None = None  # or: how long the step had run past its deadline
+        self.stuck_for: float | None = None  # a step past its deadline: how long it had run
         self.signals: list[tuple[str, Phase]] = []  # stop signals that came, and when
         self.late_signals: list[int] = []  # came while stopping: handed on afterwards
         self.deadline: float | None = None  # the end of the one grace, once it has begun
