@@ -44,12 +44,12 @@ class Supervised:
         self.lines: list[str] = []
         self.errors: list[str] = []
         self._changed = threading.Condition()
-        threading.Thread(
-            target=self._read, args=(self.proc.stdout, self.lines), daemon=True
-        ).start()
-        threading.Thread(
-            target=self._read, args=(self.proc.stderr, self.errors), daemon=True
-        ).start()
+        self._readers = [
+            threading.Thread(target=self._read, args=(self.proc.stdout, self.lines), daemon=True),
+            threading.Thread(target=self._read, args=(self.proc.stderr, self.errors), daemon=True),
+        ]
+        for reader in self._readers:
+            reader.start()
 
     def _read(self, stream: object, into: list[str]) -> None:
         for line in stream:  # type: ignore[attr-defined]
@@ -71,7 +71,8 @@ class Supervised:
 
     def finish(self, timeout: float = 180) -> int:
         code = self.proc.wait(timeout)
-        time.sleep(0.2)  # the readers take the last lines
+        for reader in self._readers:  # to the end of the output: every line is read
+            reader.join(30)
         return code
 
     @property
