@@ -390,6 +390,11 @@ def test_a_child_dead_of_the_stop_signal_after_its_session_began_keeps_its_statu
     assert passed_on(143, None, None, None, True, term) == 143  # not the runner's signal
     assert passed_on(137, StopCause.REQUESTED, Kill.PAST_DEADLINE, None, False, term) == 137
     assert passed_on(0, StopCause.STUCK, None, "no heartbeat", False, term) == 124
+    # A process stopped after its session ended: that session's status, however it ended.
+    lingering = StopCause.LINGERING
+    assert passed_on(143, lingering, None, None, False, term, session_status=0) == 0
+    assert passed_on(137, lingering, Kill.PAST_DEADLINE, None, False, term, session_status=42) == 42
+    assert passed_on(143, lingering, None, None, False, term, session_status=None) == 143
 
 
 WORKERS = """
@@ -436,8 +441,10 @@ STANDBY_CHILD = """
     attempt = os.environ["ASUPERVISOR_ATTEMPT"]
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
     warm = "slowimport" in sys.modules
-    print(f"attempt {attempt} worker {rank} warm {warm} parent {os.getppid()} "
-          f"group {os.getpgid(0) == os.getpid()} argv {sys.argv[1:]}", flush=True)
+    # One write of the whole line: two workers share the runner's stdout, and print()
+    # writes the text and its newline apart when the stream is unbuffered.
+    os.write(1, (f"attempt {attempt} worker {rank} warm {warm} parent {os.getppid()} "
+                 f"group {os.getpgid(0) == os.getpid()} argv {sys.argv[1:]}\\n").encode())
     open(os.path.join(sys.argv[1], f"up-{attempt}-{rank}"), "w").close()
     if attempt == "1" and rank == 1:
         while not os.path.exists(os.path.join(sys.argv[1], "up-1-0")):  # its peer is up

@@ -49,8 +49,10 @@ the restart waits --backoff seconds, doubling up to --max-backoff.
 Liveness: each process gets a pipe to the supervisor (ASUPERVISOR_CHANNEL) on which
 its session reports its heartbeat, its commits, and the writes it could not make
 elsewhere (reported, never a reason to kill). A child whose heartbeat stops, whose
-step runs longer than --stuck-after, or whose process still runs --stuck-after after
-its session ended, is stuck: the stop signal, SIGKILL 10 s later, and a restart.
+step runs longer than --stuck-after, is stuck: the stop signal, SIGKILL 10 s later,
+and a restart. A process that still runs --stuck-after after its session ended is
+stopped the same way, and its end is passed on with its session's status (no restart
+for a run that is done).
 
 SIGTERM, SIGINT or SIGUSR1 (SLURM's requeue signal) to the supervisor sends
 --stop-signal to every child, waits --grace seconds for its final checkpoint, then
@@ -215,9 +217,9 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         type=_positive,
         default=300.0,
         metavar="SECS",
-        help="a child whose heartbeat is older, whose step has run longer, or whose process "
-        "still runs this long after its session ended, is stuck: stopped, killed after "
-        "10 s, and restarted (default: 300)",
+        help="a child whose heartbeat is older, or whose step has run longer, is stuck: "
+        "stopped, killed after 10 s, and restarted; a process that still runs this long "
+        "after its session ended is stopped, its session's status passed on (default: 300)",
     )
     run.add_argument(
         "--startup-timeout",

@@ -77,6 +77,11 @@ class Beat:
     exit_status: int | None = None
     version: int = VERSION
 
+    @property
+    def ended(self) -> bool:
+        """The session that wrote it has ended (its last beat)."""
+        return self.outcome is not None or self.phase is Phase.CLOSED
+
     def to_json(self) -> bytes:
         data = asdict(self)
         data["phase"] = self.phase.value
@@ -150,7 +155,7 @@ def judge(
         return Verdict(False, "no heartbeat", startup_max_age)
     age_limit = max(max_age, 3 * beat.interval_secs)
     age = now - beat.written_at
-    if beat.outcome is not None or beat.phase is Phase.CLOSED:
+    if beat.ended:
         ended = beat.outcome.value if beat.outcome is not None else "ended"
         said = f"the session has ended ({ended}) at step {beat.step}"
         if still_running and age > age_limit:

@@ -2,9 +2,10 @@
 one has exited, and what happened, as facts (``AttemptResult``).
 
 The monitor forwards a stop, judges liveness from what each child's channel says, stops
-every child when one fails or is stuck (one for all), and kills what outlives its
-deadline. Who sent a child the stop signal and why, and whether the runner killed it,
-are fields of its ``ChildEnd``; its status is decided once from them (``passed_on``).
+every child when one fails or is stuck (one for all), stops a process that outlives its
+session, and kills what outlives its deadline. Who sent a child the stop signal and why,
+and whether the runner killed it, are fields of its ``ChildEnd``; its status is decided
+once from them (``passed_on``).
 """
 
 from __future__ import annotations
@@ -44,6 +45,7 @@ class StopCause(enum.Enum):
     REQUESTED = "the run was asked to stop"
     PEER = "another worker failed"
     STUCK = "judged stuck"
+    LINGERING = "its session had ended and its process did not exit"
 
 
 class Kill(enum.Enum):
@@ -92,6 +94,11 @@ class Child:
         self.started = time.monotonic()
         self.stuck: str | None = None  # why the runner judged it stuck
         self.stuck_at: float | None = None
+        # Why the runner stopped it after its session had ended, and that session's exit
+        # status: the fact its end is passed on with (the training ended; the process did
+        # not).
+        self.lingering: str | None = None
+        self.session_status: int | None = None
         self.stop: StopCause | None = None  # why the runner sent it the stop signal
         self.kill_at: float | None = None
         self.killed: Kill | None = None  # the runner SIGKILLed it, and why
@@ -102,6 +109,9 @@ class Child:
 
     def judged_stuck(self, why: str) -> None:
         self.stuck, self.stuck_at = why, time.monotonic()
+
+    def outlived_session(self, why: str, session_status: int | None) -> None:
+        self.lingering, self.session_status = why, session_status
 
     def stop_within(self, cause: StopCause, sig: int, within: float) -> None:
         """The stop signal (once), and SIGKILL ``within`` seconds from now if still running."""
@@ -131,7 +141,13 @@ class Child:
         untrained = limits.stuck_after is not None and self.proc.heard.session is None
         returned = shell_status(self.proc.returncode)
         return passed_on(
-            returned, self.stop, self.killed, self.stuck, untrained, limits.stop_signal
+            returned,
+            self.stop,
+            self.killed,
+            self.stuck,
+            untrained,
+            limits.stop_signal,
+            session_status=self.session_status,
         )
 
     def failed(self, limits: Limits) -> bool:
@@ -153,6 +169,7 @@ class Child:
             stop=self.stop,
             killed=self.killed,
             stuck=self.stuck,
+            lingering=self.lingering,
             session_started=heard.session is not None,
             reached_step=None if heard.beat is None else heard.beat.step,
             commits=heard.commits,
@@ -170,14 +187,20 @@ def passed_on(
     stuck: str | None,
     untrained: bool,
     stop_signal: int,
+    *,
+    session_status: int | None = None,
 ) -> int:
     """The status a child's end is passed on with, from the facts: judged stuck by the
-    runner, 124; dead of the stop signal the runner forwarded for a stop of the run while
+    runner, 124; stopped because its process outlived its session, the status that
+    session ended with (``session_status``: its training is over, whatever ended the
+    process); dead of the stop signal the runner forwarded for a stop of the run while
     nothing had trained in it (``untrained``: no session began in a command that runs
     one), preempted (42: nothing lost); anything else, its own status (a SIGKILL past the
     grace of a stop is 137)."""
     if stuck is not None:
         return Outcome.STUCK.exit_status
+    if stop is StopCause.LINGERING and session_status is not None:
+        return session_status
     requested = stop is StopCause.REQUESTED and killed is None
     if requested and untrained and returned == 128 + stop_signal:
         return Outcome.PREEMPTED.exit_status
@@ -195,6 +218,7 @@ class ChildEnd:
     stop: StopCause | None  # the runner sent it the stop signal, and why
     killed: Kill | None  # the runner SIGKILLed it, and why
     stuck: str | None  # why the runner judged it stuck
+    lingering: str | None  # why the runner stopped it after its session had ended
     session_started: bool  # a session began in it (its channel said so)
     reached_step: int | None  # the step its last beat showed
     commits: int  # checkpoints it committed (its own saves)
@@ -211,6 +235,9 @@ class ChildEnd:
         if self.stuck is not None:
             kill = f", killed {STUCK_KILL_SECS:g} s after the stop signal" if self.killed else ""
             return f"stuck: {self.stuck}{kill}"
+        if self.lingering is not None:
+            kill = f", killed {STUCK_KILL_SECS:g} s later" if self.killed else ""
+            return f"stopped: {self.lingering}{kill}"
         if self.killed is not None:
             why = "" if self.stop is None else f" ({self.stop.value})"
             return (
@@ -340,8 +367,10 @@ class Attempt:
 
     def _check_liveness(self, child: Child, now: float) -> None:
         limits = self.limits
-        if limits.stuck_after is None or not child.running or child.stuck is not None:
+        if not child.running or limits.stuck_after is None:
             return
+        if child.stuck is not None or child.lingering is not None:
+            return  # judged already
         beat = child.proc.heard.beat
         if beat is None:
             if now - child.started > limits.startup_timeout:
@@ -353,7 +382,17 @@ class Attempt:
             verdict = judge(
                 beat, time.time(), limits.stuck_after, limits.startup_timeout, still_running=True
             )
-            if verdict.stale:
+            if verdict.stale and beat.ended:
+                # Its training is over (the session's end is on record, its status with it):
+                # the process is stopped, not judged stuck, and nothing is restarted for it.
+                child.outlived_session(verdict.why, beat.exit_status)
+                self._say("child.lingering", worker=child.rank, pid=child.proc.pid, why=verdict.why)
+                child.stop_within(
+                    StopCause.LINGERING,
+                    limits.stop_signal,
+                    min(limits.grace_secs, STUCK_KILL_SECS),
+                )
+            elif verdict.stale:
                 child.judged_stuck(verdict.why)
         if child.stuck is not None:
             self._say("child.stuck", worker=child.rank, pid=child.proc.pid, why=child.stuck)
