@@ -380,6 +380,114 @@ def test_sigterm_while_the_child_is_still_importing_is_a_preemption(tmp_path: Pa
     assert "status='42 (preempted)'" in exited and "143 (SIGTERM)" in exited, exited
 
 
+# A child that speaks for its sessions on its channel with the library's own reports.
+SESSIONS = """
+    import json, os, time
+    from asupervisor._logdir import channel, heartbeat
+    from asupervisor._outcome import Outcome
+
+    rank = json.loads(os.environ.get("TF_CONFIG", '{"task": {"index": 0}}'))["task"]["index"]
+    attempt = int(os.environ["ASUPERVISOR_ATTEMPT"])
+
+    def tell(*reports):  # one write: the runner reads them together
+        os.write(int(os.environ["ASUPERVISOR_CHANNEL"]),
+                 b"".join(channel.encode(r) for r in reports))
+
+    def began(session):
+        return channel.SessionBegan(session, os.getpid(), rank == 0, 1.0)
+
+    def beat(session, step, outcome=None):
+        now = time.time()
+        return heartbeat.Beat(
+            pid=os.getpid(), host="h", session=session, chief=rank == 0, worker=None,
+            phase=heartbeat.Phase.CLOSED if outcome else heartbeat.Phase.RUNNING,
+            first_step_done=True, step=step, restored_step=0, interval_secs=0.2,
+            started_at=now, written_at=now, busy_since=None, job=None, last_step_at=now,
+            last_commit_step=None, last_commit_at=None, outcome=outcome,
+            exit_status=None if outcome is None else outcome.exit_status)
+
+    def train(session, secs):  # a session that beats while it trains, then is done
+        tell(began(session))
+        for step in range(int(secs / 0.1)):
+            tell(beat(session, step))
+            time.sleep(0.1)
+        tell(beat(session, step, Outcome.DONE))
+"""
+
+LINGERS_BESIDE_ITS_PEER = """
+    if rank == 1:
+        tell(began("s1"), beat("s1", 1, Outcome.DONE))
+        time.sleep(600)  # its session has ended; its process does not
+    train("s0", 8)  # past --stuck-after: its peer lingers meanwhile
+"""
+
+
+def test_a_worker_that_outlives_its_done_session_is_stopped_alone_and_the_run_is_done(
+    tmp_path: Path,
+) -> None:
+    script = child(tmp_path, SESSIONS + LINGERS_BESIDE_ITS_PEER)
+    run = supervisor(
+        "--workers", "2", "--stuck-after", "3", "--backoff", "0", "--", sys.executable, script
+    )
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    (lingering,) = [line for line in err.splitlines() if "child.lingering" in line]
+    assert "worker=1" in lingering and "the session has ended (done) at step 1" in lingering, err
+    assert "child.stuck" not in err and "run.restarting" not in err, err
+    exits = sorted(line for line in err.splitlines() if "child.exited" in line)
+    # Its peer trains on to its own end (a stop signal would have ended it 143).
+    assert "worker=0 status='0 (done)' how=exited" in exits[0], exits
+    assert "worker=1 status='0 (done)' how='stopped: the session has ended" in exits[1], exits
+
+
+LINGERS_AFTER_A_FAILURE = """
+    if attempt == 1:
+        tell(began("s1"), beat("s1", 3, Outcome.FAILED))
+        time.sleep(600)
+    train("s2", 0.3)
+"""
+
+
+def test_a_process_that_outlives_its_failed_session_is_restarted_as_a_failure(
+    tmp_path: Path,
+) -> None:
+    script = child(tmp_path, SESSIONS + LINGERS_AFTER_A_FAILURE)
+    run = supervisor("--stuck-after", "1", "--backoff", "0", "--", sys.executable, script)
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    (restart,) = [line for line in err.splitlines() if "run.restarting" in line]
+    assert "after='worker 0: 1 (failed), stopped: the session has ended (failed)" in restart, err
+    assert "child.stuck" not in err, err
+
+
+A_SECOND_SESSION_THAT_NEVER_BEATS = """
+    if attempt == 1:
+        # The first session ends and a second begins in the same write; the second never
+        # beats. Its process is judged as a start (--startup-timeout), not by the first
+        # session's end (--stuck-after), which would pass on the first session's 0.
+        tell(began("s1"), beat("s1", 3, Outcome.DONE), began("s2"))
+        time.sleep(600)
+    train("s3", 0.3)
+"""
+
+
+def test_a_new_session_that_has_not_beaten_is_judged_as_a_start_not_by_the_one_before(
+    tmp_path: Path,
+) -> None:
+    script = child(tmp_path, SESSIONS + A_SECOND_SESSION_THAT_NEVER_BEATS)
+    run = supervisor(
+        "--stuck-after", "1", "--startup-timeout", "3", "--backoff", "0", "--",
+        sys.executable, script,
+    )  # fmt: skip
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert "child.lingering" not in err, err
+    (stuck,) = [line for line in err.splitlines() if "child.stuck" in line]
+    assert "a new session began and has not beaten 3 s after the one before ended" in stuck, err
+    (restart,) = [line for line in err.splitlines() if "run.restarting" in line]
+    assert "after='worker 0: 124 (stuck)" in restart, err
+
+
 def test_a_child_dead_of_the_stop_signal_after_its_session_began_keeps_its_status() -> None:
     from asupervisor._run.attempt import Kill, StopCause, passed_on
 

@@ -48,11 +48,11 @@ the restart waits --backoff seconds, doubling up to --max-backoff.
 
 Liveness: each process gets a pipe to the supervisor (ASUPERVISOR_CHANNEL) on which
 its session reports its heartbeat, its commits, and the writes it could not make
-elsewhere (reported, never a reason to kill). A child whose heartbeat stops, whose
+elsewhere (reported, never a reason to kill). A child whose heartbeat stops, or whose
 step runs longer than --stuck-after, is stuck: the stop signal, SIGKILL 10 s later,
 and a restart. A process that still runs --stuck-after after its session ended is
-stopped the same way, and its end is passed on with its session's status (no restart
-for a run that is done).
+stopped the same way, and its end is passed on with its session's status (a done run
+stays done).
 
 SIGTERM, SIGINT or SIGUSR1 (SLURM's requeue signal) to the supervisor sends
 --stop-signal to every child, waits --grace seconds for its final checkpoint, then

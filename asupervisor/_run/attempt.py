@@ -94,11 +94,7 @@ class Child:
         self.started = time.monotonic()
         self.stuck: str | None = None  # why the runner judged it stuck
         self.stuck_at: float | None = None
-        # Why the runner stopped it after its session had ended, and that session's exit
-        # status: the fact its end is passed on with (the training ended; the process did
-        # not).
-        self.lingering: str | None = None
-        self.session_status: int | None = None
+        self.lingering: str | None = None  # why the runner stopped it after its session ended
         self.stop: StopCause | None = None  # why the runner sent it the stop signal
         self.kill_at: float | None = None
         self.killed: Kill | None = None  # the runner SIGKILLed it, and why
@@ -110,8 +106,12 @@ class Child:
     def judged_stuck(self, why: str) -> None:
         self.stuck, self.stuck_at = why, time.monotonic()
 
-    def outlived_session(self, why: str, session_status: int | None) -> None:
-        self.lingering, self.session_status = why, session_status
+    @property
+    def session_status(self) -> int | None:
+        """The exit status its newest session ended with, if that session has ended (a
+        session that began later and did not end has none)."""
+        beat = self.proc.heard.beat
+        return beat.exit_status if beat is not None and beat.ended else None
 
     def stop_within(self, cause: StopCause, sig: int, within: float) -> None:
         """The stop signal (once), and SIGKILL ``within`` seconds from now if still running."""
@@ -192,9 +192,9 @@ def passed_on(
 ) -> int:
     """The status a child's end is passed on with, from the facts: judged stuck by the
     runner, 124; stopped because its process outlived its session, the status that
-    session ended with (``session_status``: its training is over, whatever ended the
-    process); dead of the stop signal the runner forwarded for a stop of the run while
-    nothing had trained in it (``untrained``: no session began in a command that runs
+    session ended with (``session_status``: the session's end is the fact, whatever then
+    ended the process); dead of the stop signal the runner forwarded for a stop of the
+    run while nothing had trained in it (``untrained``: no session began in a command that runs
     one), preempted (42: nothing lost); anything else, its own status (a SIGKILL past the
     grace of a stop is 137)."""
     if stuck is not None:
@@ -232,11 +232,12 @@ class ChildEnd:
         """What happened, in words."""
         if self.killed is Kill.AT_ONCE:
             return "killed at once: a second SIGINT"
+        kill_secs = min(self.grace_secs, STUCK_KILL_SECS)  # as the monitor gave it
         if self.stuck is not None:
-            kill = f", killed {STUCK_KILL_SECS:g} s after the stop signal" if self.killed else ""
+            kill = f", killed {kill_secs:g} s after the stop signal" if self.killed else ""
             return f"stuck: {self.stuck}{kill}"
         if self.lingering is not None:
-            kill = f", killed {STUCK_KILL_SECS:g} s later" if self.killed else ""
+            kill = f", killed {kill_secs:g} s after the stop signal" if self.killed else ""
             return f"stopped: {self.lingering}{kill}"
         if self.killed is not None:
             why = "" if self.stop is None else f" ({self.stop.value})"
@@ -304,6 +305,8 @@ class AttemptResult:
         text = cause.describe()
         if cause.stuck is not None:
             text += f", stuck: {cause.stuck}"
+        elif cause.lingering is not None:
+            text += f", stopped: {cause.lingering}"
         if outcome_of(cause.status) is not outcome_of(worst.status):
             text += f"; then {worst.describe()}"
         return text
@@ -371,27 +374,28 @@ class Attempt:
             return
         if child.stuck is not None or child.lingering is not None:
             return  # judged already
-        beat = child.proc.heard.beat
+        heard = child.proc.heard
+        beat = heard.beat
         if beat is None:
             if now - child.started > limits.startup_timeout:
                 child.judged_stuck(
                     f"no heartbeat {limits.startup_timeout:g} s after its start (does the "
                     "command run an asupervisor session? --no-heartbeat turns this off)"
                 )
+        elif heard.session is not None and heard.session.session != beat.session:
+            # A new session began in it and has not beaten yet: the beat is the ended one
+            # before's, and the new one is judged as a start until its first beat.
+            if time.time() - beat.written_at > limits.startup_timeout:
+                child.judged_stuck(
+                    f"a new session began and has not beaten {limits.startup_timeout:g} s "
+                    "after the one before ended"
+                )
         else:
             verdict = judge(
                 beat, time.time(), limits.stuck_after, limits.startup_timeout, still_running=True
             )
             if verdict.stale and beat.ended:
-                # Its training is over (the session's end is on record, its status with it):
-                # the process is stopped, not judged stuck, and nothing is restarted for it.
-                child.outlived_session(verdict.why, beat.exit_status)
-                self._say("child.lingering", worker=child.rank, pid=child.proc.pid, why=verdict.why)
-                child.stop_within(
-                    StopCause.LINGERING,
-                    limits.stop_signal,
-                    min(limits.grace_secs, STUCK_KILL_SECS),
-                )
+                self._stop_lingering(child, verdict.why)
             elif verdict.stale:
                 child.judged_stuck(verdict.why)
         if child.stuck is not None:
@@ -399,6 +403,17 @@ class Attempt:
             child.stop_within(
                 StopCause.STUCK, limits.stop_signal, min(limits.grace_secs, STUCK_KILL_SECS)
             )
+
+    def _stop_lingering(self, child: Child, why: str) -> None:
+        """A process that outlived its session: its session's end is on record, its status
+        with it. The process is stopped, not judged stuck, and its end is passed on with
+        that status (a done run stays done; a failed one is restarted as any failure)."""
+        child.lingering = why
+        self._say("child.lingering", worker=child.rank, pid=child.proc.pid, why=why)
+        limits = self.limits
+        child.stop_within(
+            StopCause.LINGERING, limits.stop_signal, min(limits.grace_secs, STUCK_KILL_SECS)
+        )
 
     def _result(self) -> AttemptResult:
         limits = self.limits
