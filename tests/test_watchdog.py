@@ -95,3 +95,37 @@ async def test_the_watchdog_times_each_batch_of_fit() -> None:
     async with sv.session() as sess:
         await sess.fit(model, data, epochs=1, callbacks=[Slow()], verbose=0)
     assert sess.global_step == 64 and sess.stop_reason == "requested"
+
+
+def blocked_in_training(release: threading.Event) -> None:
+    release.wait()  # the line a hung step's report must show
+
+
+async def test_the_stacks_read_source_lines_within_their_budget_the_training_thread_first() -> None:
+    # The report is made on the event loop: reading every frame's file there held the loop
+    # (and the stop) for seconds on a loaded machine. Past the budget, frames keep their
+    # file, line and function, without the source line.
+    from asupervisor.services.watchdog import thread_stacks
+
+    release = threading.Event()
+    thread = threading.Thread(
+        target=blocked_in_training, args=(release,), name="asupervisor-training-test"
+    )
+    thread.start()
+    try:
+        while "blocked_in_training" not in str(thread_stacks(0)):
+            time.sleep(0.01)
+        no_time = thread_stacks(budget_secs=0)
+        in_time = thread_stacks()
+    finally:
+        release.set()
+        thread.join()
+    (training,) = [name for name in no_time if name.startswith("asupervisor-training-test")]
+    # The one line read in no time: where the training thread is (its innermost frame).
+    assert no_time[training].endswith("in wait\n    waiter.acquire()\n")
+    assert "in blocked_in_training\n  File " in no_time[training]
+    read = [line for stack in no_time.values() for line in stack.splitlines()]
+    assert sum(not line.startswith("  File ") for line in read) == 1
+    assert "in blocked_in_training\n    release.wait()" in in_time[training]
+    assert "in test_the_stacks_read_source_lines_within" in "".join(no_time.values())
+    assert "in_time = thread_stacks()" in "".join(in_time.values())

@@ -106,6 +106,9 @@ class Child:
     def judged_stuck(self, why: str) -> None:
         self.stuck, self.stuck_at = why, time.monotonic()
 
+    def outlived_session(self, why: str) -> None:
+        self.lingering = why
+
     @property
     def session_status(self) -> int | None:
         """The exit status its newest session ended with, if that session has ended (a
@@ -408,7 +411,7 @@ class Attempt:
         """A process that outlived its session: its session's end is on record, its status
         with it. The process is stopped, not judged stuck, and its end is passed on with
         that status (a done run stays done; a failed one is restarted as any failure)."""
-        child.lingering = why
+        child.outlived_session(why)
         self._say("child.lingering", worker=child.rank, pid=child.proc.pid, why=why)
         limits = self.limits
         child.stop_within(
