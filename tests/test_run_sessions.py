@@ -318,6 +318,7 @@ def test_a_process_that_outlives_its_session_is_stopped_and_its_sessions_end_pas
     logdir = tmp_path / "run"
     run = Supervised(
         "--logdir", str(logdir), "--stuck-after", "6", "--backoff", "0", "--standby",
+        "--grace", "2",  # the kill comes 2 s after the stop signal (its sleep ignores it)
         "--", *trains(tmp_path, logdir, 10, hang_after=True),
     )  # fmt: skip
     try:
