@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import importlib.util
+import linecache
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -97,35 +100,51 @@ async def test_the_watchdog_times_each_batch_of_fit() -> None:
     assert sess.global_step == 64 and sess.stop_reason == "requested"
 
 
-def blocked_in_training(release: threading.Event) -> None:
-    release.wait()  # the line a hung step's report must show
+BLOCKS = """
+import threading
+
+def block(release: threading.Event) -> None:
+    release.wait()  # the line a hung step's report shows
+"""
 
 
-async def test_the_stacks_read_source_lines_within_their_budget_the_training_thread_first() -> None:
+async def test_the_stacks_read_source_lines_within_their_budget_the_training_thread_first(
+    tmp_path: Path,
+) -> None:
     # The report is made on the event loop: reading every frame's file there held the loop
     # (and the stop) for seconds on a loaded machine. Past the budget, frames keep their
-    # file, line and function, without the source line.
+    # file, line and function; a file not read yet is not read.
     from asupervisor.services.watchdog import thread_stacks
 
+    path = tmp_path / "blocks.py"
+    path.write_text(BLOCKS)
+    spec = importlib.util.spec_from_file_location("blocks", path)
+    assert spec is not None and spec.loader is not None
+    blocks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(blocks)
     release = threading.Event()
     thread = threading.Thread(
-        target=blocked_in_training, args=(release,), name="asupervisor-training-test"
+        target=blocks.block, args=(release,), name="asupervisor-training-test"
     )
     thread.start()
     try:
-        while "blocked_in_training" not in str(thread_stacks(0)):
+        deadline = time.monotonic() + 60
+        while not thread_stacks(60)[training_of(thread)].endswith("waiter.acquire()\n"):
+            assert time.monotonic() < deadline
             time.sleep(0.01)
+        linecache.clearcache()  # no file read yet
         no_time = thread_stacks(budget_secs=0)
-        in_time = thread_stacks()
+        in_time = thread_stacks(budget_secs=60)
     finally:
         release.set()
         thread.join()
-    (training,) = [name for name in no_time if name.startswith("asupervisor-training-test")]
-    # The one line read in no time: where the training thread is (its innermost frame).
+    training = training_of(thread)
+    # The first line read: where the training thread is (its innermost frame).
     assert no_time[training].endswith("in wait\n    waiter.acquire()\n")
-    assert "in blocked_in_training\n  File " in no_time[training]
-    read = [line for stack in no_time.values() for line in stack.splitlines()]
-    assert sum(not line.startswith("  File ") for line in read) == 1
-    assert "in blocked_in_training\n    release.wait()" in in_time[training]
-    assert "in test_the_stacks_read_source_lines_within" in "".join(no_time.values())
-    assert "in_time = thread_stacks()" in "".join(in_time.values())
+    assert f'File "{path}", line 5, in block\n  File ' in no_time[training]
+    assert 'File "' in no_time[training].splitlines()[0]
+    assert f'File "{path}", line 5, in block\n    release.wait()' in in_time[training]
+
+
+def training_of(thread: threading.Thread) -> str:
+    return f"{thread.name} ({thread.ident})"

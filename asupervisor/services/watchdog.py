@@ -6,6 +6,7 @@ import linecache
 import sys
 import threading
 import time
+import traceback
 from types import FrameType
 
 from asupervisor import ManagedSession, StepTimeout, logger
@@ -14,61 +15,70 @@ from ._checks import positive
 
 # Reading a frame's source line reads its file: that is I/O on the event loop, seconds
 # of it on a loaded machine (a traceback of every thread reads dozens of files), and a
-# stop waits behind it. Lines are read for this long at most, where each thread is first.
+# stop waits behind it. Files are read for about this long (a read under way finishes),
+# where each thread is first; lines of files already read cost nothing and are kept.
 LINES_BUDGET_SECS = 0.2
 TRAINING_THREAD = "asupervisor-training"
 
+Where = tuple[str, int | None, str]  # file, line, function
+
 
 def thread_stacks(budget_secs: float = LINES_BUDGET_SECS) -> dict[str, str]:
-    """Every thread's current stack, by thread name: what a hung step is doing. Each
-    frame's file, line and function; its source line where it could be read within
-    ``budget_secs`` (the innermost frames first, the training threads' before others)."""
+    """Every thread's current stack, by thread name: what a hung step is doing, as
+    ``traceback.format_stack`` prints it; a source line is left out where its file could
+    not be read within ``budget_secs`` (the innermost frames first, the training
+    threads' before others)."""
     names = {t.ident: t.name for t in threading.enumerate()}
     frames = {
         f"{names.get(ident, 'unknown')} ({ident})": _walk(frame)
         for ident, frame in sys._current_frames().items()
     }
     sources = _read_lines(frames, time.monotonic() + budget_secs)
-    return {
-        name: "".join(_format(where, sources.get(where[:2], "")) for where in stack)
-        for name, stack in frames.items()
-    }
-
-
-Where = tuple[str, int, str]  # file, line, function
+    return {name: _format(stack, sources) for name, stack in frames.items()}
 
 
 def _walk(frame: FrameType | None) -> list[Where]:
-    """A thread's frames, outermost first (as a traceback prints them)."""
+    """A thread's frames, outermost first (as a traceback prints them); no file read."""
     stack: list[Where] = []
     while frame is not None:
-        stack.append((frame.f_code.co_filename, frame.f_lineno or 0, frame.f_code.co_name))
+        stack.append((frame.f_code.co_filename, frame.f_lineno, frame.f_code.co_name))
         frame = frame.f_back
     return stack[::-1]
 
 
-def _read_lines(frames: dict[str, list[Where]], deadline: float) -> dict[tuple[str, int], str]:
+def _read_lines(frames: dict[str, list[Where]], deadline: float) -> dict[Where, str]:
+    """The source lines read by ``deadline`` (at least one), level by level from the
+    innermost frame of every thread: where each thread is matters most."""
     first = sorted(frames, key=lambda name: not name.startswith(TRAINING_THREAD))
     depth = max((len(stack) for stack in frames.values()), default=0)
-    lines: dict[tuple[str, int], str] = {}
-    for level in range(1, depth + 1):  # innermost first, across threads
+    lines: dict[Where, str] = {}
+    for level in range(1, depth + 1):
         for name in first:
             stack = frames[name]
-            if level > len(stack):
+            if level > len(stack) or stack[-level] in lines:
                 continue
-            filename, lineno, _ = stack[-level]
-            if (filename, lineno) in lines:
-                continue
-            if lines and time.monotonic() > deadline:
-                return lines
-            lines[filename, lineno] = linecache.getline(filename, lineno).strip()
+            filename, lineno, _ = where = stack[-level]
+            late = bool(lines) and time.monotonic() >= deadline
+            if lineno is None or (late and not _in_memory(filename)):
+                continue  # past the budget, only what needs no read
+            lines[where] = linecache.getline(filename, lineno)
     return lines
 
 
-def _format(where: Where, line: str) -> str:
-    filename, lineno, function = where
-    text = f'  File "{filename}", line {lineno}, in {function}\n'
-    return text + (f"    {line}\n" if line else "")
+def _in_memory(filename: str) -> bool:
+    """``linecache`` holds the file's lines (a 1-tuple entry is a loader still to call)."""
+    return len(linecache.cache.get(filename, ())) > 1
+
+
+def _format(stack: list[Where], lines: dict[Where, str]) -> str:
+    # A line given ("" where none was read) keeps format() from reading the file itself.
+    frames = [
+        traceback.FrameSummary(
+            where[0], where[1], where[2], lookup_line=False, line=lines.get(where, "")
+        )
+        for where in stack
+    ]
+    return "".join(traceback.StackSummary.from_list(frames).format())
 
 
 class WatchdogService:
