@@ -27,6 +27,12 @@ STUCK_KILL_SECS = 10.0  # a stuck child's time between the stop signal and SIGKI
 POLL_SECS = 0.2  # how often deadlines are checked when nothing else happens
 
 
+def judged_kill_secs(grace_secs: float) -> float:
+    """How long a child the runner judged (stuck, or outliving its session) has between
+    the stop signal and SIGKILL: 10 s, or the run's grace if that is shorter."""
+    return min(grace_secs, STUCK_KILL_SECS)
+
+
 class AttemptState(enum.Enum):
     """Where an attempt is. It moves forward only, and the result keeps the state the
     attempt was in when its last child exited: how it ended."""
@@ -197,9 +203,9 @@ def passed_on(
     runner, 124; stopped because its process outlived its session, the status that
     session ended with (``session_status``: the session's end is the fact, whatever then
     ended the process); dead of the stop signal the runner forwarded for a stop of the
-    run while nothing had trained in it (``untrained``: no session began in a command that runs
-    one), preempted (42: nothing lost); anything else, its own status (a SIGKILL past the
-    grace of a stop is 137)."""
+    run while nothing had trained in it (``untrained``: no session began in a command
+    that runs one), preempted (42: nothing lost); anything else, its own status (a
+    SIGKILL past the grace of a stop is 137)."""
     if stuck is not None:
         return Outcome.STUCK.exit_status
     if stop is StopCause.LINGERING and session_status is not None:
@@ -235,7 +241,7 @@ class ChildEnd:
         """What happened, in words."""
         if self.killed is Kill.AT_ONCE:
             return "killed at once: a second SIGINT"
-        kill_secs = min(self.grace_secs, STUCK_KILL_SECS)  # as the monitor gave it
+        kill_secs = judged_kill_secs(self.grace_secs)
         if self.stuck is not None:
             kill = f", killed {kill_secs:g} s after the stop signal" if self.killed else ""
             return f"stuck: {self.stuck}{kill}"
@@ -398,25 +404,20 @@ class Attempt:
                 beat, time.time(), limits.stuck_after, limits.startup_timeout, still_running=True
             )
             if verdict.stale and beat.ended:
-                self._stop_lingering(child, verdict.why)
+                # The session's end is on record, its status with it: the process is
+                # stopped, not judged stuck, and its end is passed on with that status (a
+                # done run stays done; a failed one is restarted as any failure).
+                child.outlived_session(verdict.why)
+                self._stop_judged(child, StopCause.LINGERING, "child.lingering", verdict.why)
             elif verdict.stale:
                 child.judged_stuck(verdict.why)
         if child.stuck is not None:
-            self._say("child.stuck", worker=child.rank, pid=child.proc.pid, why=child.stuck)
-            child.stop_within(
-                StopCause.STUCK, limits.stop_signal, min(limits.grace_secs, STUCK_KILL_SECS)
-            )
+            self._stop_judged(child, StopCause.STUCK, "child.stuck", child.stuck)
 
-    def _stop_lingering(self, child: Child, why: str) -> None:
-        """A process that outlived its session: its session's end is on record, its status
-        with it. The process is stopped, not judged stuck, and its end is passed on with
-        that status (a done run stays done; a failed one is restarted as any failure)."""
-        child.outlived_session(why)
-        self._say("child.lingering", worker=child.rank, pid=child.proc.pid, why=why)
+    def _stop_judged(self, child: Child, cause: StopCause, event: str, why: str) -> None:
+        self._say(event, worker=child.rank, pid=child.proc.pid, why=why)
         limits = self.limits
-        child.stop_within(
-            StopCause.LINGERING, limits.stop_signal, min(limits.grace_secs, STUCK_KILL_SECS)
-        )
+        child.stop_within(cause, limits.stop_signal, judged_kill_secs(limits.grace_secs))
 
     def _result(self) -> AttemptResult:
         limits = self.limits

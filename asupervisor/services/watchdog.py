@@ -73,9 +73,7 @@ def _in_memory(filename: str) -> bool:
 def _format(stack: list[Where], lines: dict[Where, str]) -> str:
     # A line given ("" where none was read) keeps format() from reading the file itself.
     frames = [
-        traceback.FrameSummary(
-            where[0], where[1], where[2], lookup_line=False, line=lines.get(where, "")
-        )
+        traceback.FrameSummary(*where, lookup_line=False, line=lines.get(where, ""))
         for where in stack
     ]
     return "".join(traceback.StackSummary.from_list(frames).format())
