@@ -334,6 +334,9 @@ def test_a_process_that_outlives_its_session_is_stopped_and_its_sessions_end_pas
     (exited,) = [line for line in run.errors if "child.exited" in line]
     assert "status='0 (done)'" in exited and "stopped: the session has ended" in exited, exited
     assert [line for line in run.lines if "ended" in line] == ["attempt 1 ended done at 10"]
+    # On disk: one session, its end recorded done before the process was stopped.
+    (session,) = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    assert (session.outcome, session.exit_status) == ("done", 0), run.output
 
 
 def test_a_full_tmpdir_does_not_make_a_healthy_child_look_dead(tmp_path: Path) -> None:
