@@ -553,3 +553,79 @@ def test_a_commit_records_the_session_run_and_attempt_that_made_it(
     (commit,) = read_history(store).commits
     assert (commit.session, commit.run, commit.attempt) == ("abc", "run-7", 3)
     assert commit.metrics == {"loss": 0.5} and commit.healthy is True
+
+
+def test_a_sweep_deletes_only_tensorflows_files_of_a_checkpoint(tmp_path: Path) -> None:
+    """A user's file beside a checkpoint (an after_save hook's ``path + ".metrics.json"``)
+    is not the checkpoint's: only ``.index`` and ``.data-?????-of-?????`` are swept."""
+    store = Store(str(tmp_path / "run"))
+    store.make()
+    catalog = Catalog(store, BASENAME, writer=True)
+    catalog.load()
+    rules = Retention(store, 1, None)
+    for step in (0, 1, 2):
+        name = catalog.next_name(step)
+        touch(store, name)
+        Path(store.path(name + ".metrics.json")).write_text("{}")
+        Path(store.path(name + ".data-notes")).write_text("mine")
+        catalog.commit(name, Record(step, time.time(), {}, True))
+        rules.sweep(catalog)
+    assert on_disk(store) == {"model.ckpt-2"}
+    for step in (0, 1, 2):
+        assert Path(store.path(f"model.ckpt-{step}.metrics.json")).exists()
+        assert Path(store.path(f"model.ckpt-{step}.data-notes")).exists()
+    assert store.files_of("model.ckpt-2") == [
+        "model.ckpt-2.data-00000-of-00001",
+        "model.ckpt-2.index",
+    ]
+
+
+@pytest.mark.parametrize("mode", ["min", "max"])
+def test_keep_best_takes_only_a_strictly_better_value_as_a_new_best(
+    tmp_path: Path, mode: str
+) -> None:
+    """One tie rule for both modes (Orbit's): a later checkpoint with the same value as
+    the best is not a new best; the earlier one is kept."""
+    from asupervisor._logdir.retention import KeepBest
+
+    store = Store(str(tmp_path / "run"))
+    store.make()
+    catalog = Catalog(store, BASENAME, writer=True)
+    catalog.load()
+    rules = Retention(store, 1, None, KeepBest("value", mode=mode))
+    for step in (0, 1, 2):
+        name = catalog.next_name(step)
+        touch(store, name)
+        value = 5.0 if step < 2 else (9.0 if mode == "min" else 1.0)  # the last is worse
+        catalog.commit(name, Record(step, time.time(), {"value": value}, True))
+        rules.sweep(catalog)
+    assert on_disk(store) == {"model.ckpt-0", "model.ckpt-2"}
+
+
+def test_the_state_file_lists_only_the_supervisors_own_checkpoints_beside_the_head(
+    tmp_path: Path,
+) -> None:
+    """A migrated foreign checkpoint stays in the history (never swept) but the state
+    file's ``all_model_checkpoint_paths`` lists ``max_to_keep`` of the supervisor's own,
+    as TF's manager would."""
+    store = Store(str(tmp_path / "run"))
+    store.make()
+    touch(store, "unusual_prefix-2")
+    statefile.write(store, statefile.StateFile("unusual_prefix-2", ("unusual_prefix-2",), (1.0,)))
+    catalog = Catalog(store, BASENAME, writer=True)
+    catalog.load()
+    state = statefile.read(store)
+    assert state is not None and state.listed == ("unusual_prefix-2",)  # the head: named
+    rules = Retention(store, 2, None)
+    for step in (3, 4, 5):
+        touch(store, f"model.ckpt-{step}")
+        catalog.commit(f"model.ckpt-{step}", Record(step, time.time(), {}, True))
+        rules.sweep(catalog)
+    state = statefile.read(store)
+    assert state is not None
+    assert state.listed == ("model.ckpt-4", "model.ckpt-5")
+    assert len(state.timestamps) == 2
+    assert on_disk(store) == {"unusual_prefix-2", "model.ckpt-4", "model.ckpt-5"}
+    history = read_history(store)
+    foreign = history.by_name("unusual_prefix-2")
+    assert foreign is not None and foreign.on_disk  # still in the history, never swept

@@ -232,12 +232,15 @@ class History:
         }
 
     def state_file(self) -> StateFile | None:
-        """The state file that follows this history: the listed commits, oldest first
-        with the head last; ``None`` when there is no head."""
+        """The state file that follows this history: the listed commits of the
+        supervisor's own, oldest first with the head last (whatever it is); ``None`` when
+        there is no head. A foreign checkpoint (migrated from) stays in the history, never
+        swept, but is not listed beside the head: TF's manager over the logdir sees the
+        ``max_to_keep`` the supervisor keeps, as it would its own."""
         head = self.head_commit()
         if head is None:
             return None
-        listed = [c for c in self.listed() if c.seq != head.seq]
+        listed = [c for c in self.listed() if c.seq != head.seq and not c.foreign]
         if head.kept == "listed":
             listed.append(head)
         return StateFile(

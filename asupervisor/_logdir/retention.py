@@ -84,7 +84,8 @@ class KeepBest:
     beside the newest ``max_to_keep``. The metric is what the commit recorded (a step's
     result, ``fit``'s epoch logs, ``save_checkpoint(metrics=...)``) or what the sidecar
     evaluator measured on the checkpoint later. A commit known to be unhealthy is never
-    the best."""
+    the best. Only a strictly better value is a new best: of equal ones, the earlier
+    commit is kept."""
 
     def __init__(self, metric: str, mode: str = "min", count: int = 1) -> None:
         if not isinstance(metric, str) or not metric:
@@ -105,8 +106,10 @@ class KeepBest:
         for commit in facts.history.committed():
             value = facts.metrics(commit).get(self.metric)
             if value is not None and commit.healthy is not False:
-                scored.append((value, commit.seq))
-        scored.sort(reverse=self.mode == "max")
+                scored.append((-value if self.mode == "max" else value, commit.seq))
+        # Best first; on a tie the earlier commit (Orbit's rule, in both modes): only a
+        # strictly better value is a new best.
+        scored.sort()
         return {seq for _, seq in scored[: self.count]}
 
 

@@ -22,6 +22,7 @@ import contextlib
 import errno
 import os
 import posixpath
+import re
 import shutil
 import stat
 import threading
@@ -49,6 +50,9 @@ def no_file_system(path: str) -> str:
         # before 2.17, and its libraries fail to load on later TF (undefined symbols).
         why += " (tensorflow-io, which had it, is built for TF before 2.17 and does not load)"
     return why + "; use a local or mounted path (the bucket mounted with FUSE, NFS), or gs://"
+
+
+_CHECKPOINT_FILE = re.compile(r"\.index|\.data-\d{5,}-of-\d{5,}")  # what TF writes
 
 
 class Store:
@@ -142,9 +146,15 @@ class Store:
         return float(tf.io.gfile.stat(self.path(name)).mtime_nsec) / 1e9
 
     def files_of(self, prefix_name: str) -> list[str]:
-        """The names of a checkpoint's files: ``<prefix>.index`` and ``<prefix>.data-*``
-        (by exact prefix: the basename is never a glob pattern)."""
-        return sorted(n for n in self.names() if n.startswith(prefix_name + "."))
+        """The names of a checkpoint's files: TensorFlow's own, ``<prefix>.index`` and
+        ``<prefix>.data-?????-of-?????`` (by exact prefix: the basename is never a glob
+        pattern). A user's file beside it (``<prefix>.metrics.json``) is not one of them:
+        never synced, sized or deleted as the checkpoint's."""
+        return sorted(
+            n
+            for n in self.names()
+            if n.startswith(prefix_name + ".") and _CHECKPOINT_FILE.fullmatch(n[len(prefix_name) :])
+        )
 
     # -- reading and writing ---------------------------------------------------------
 
