@@ -413,3 +413,68 @@ async def test_an_older_logdir_without_a_history_resumes_from_its_state_file(log
     assert four is not None and four.healthy is False and four.metrics == {"val": 0.5}
     assert not Path(logdir, ".asupervisor.checkpoints").exists()
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-6")
+
+
+async def test_a_state_file_naming_a_missing_checkpoint_restores_the_newest_whole_one_beside_it(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """No history; the state file names ``model.ckpt-9``, whose files are gone; whole
+    checkpoints it does not name are on disk: the newest that reads back whole is restored
+    (TF's ``latest_checkpoint`` gives up there), not a fresh start."""
+    await train(logdir, 4)  # 0, 2, 4
+    os.remove(os.path.join(logdir, ".asupervisor.history"))
+    missing = os.path.join(logdir, "model.ckpt-9")
+    tf.compat.v1.train.update_checkpoint_state(
+        logdir, missing, all_model_checkpoint_paths=[missing]
+    )
+    report, a = await restored_step(logdir)
+    assert report.source == "checkpoint" and report.step == 4 and a == 4.0
+    assert [Path(p).name for p, _ in report.skipped] == ["model.ckpt-9"]
+    assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-4")
+
+
+async def test_a_damaged_commit_skipped_at_restore_is_kept_by_later_sweeps(logdir: str) -> None:
+    """The restore skips a damaged commit and falls back past it (recorded as a rollback
+    of kind fallback): its files stay, as the run's record, through later sweeps."""
+    await train(logdir, 6)  # 0, 2, 4, 6
+    data = Path(logdir, "model.ckpt-6.data-00000-of-00001")
+    data.write_bytes(data.read_bytes()[:7])
+    pair = Pair()
+    async with make(logdir, pair, max_to_keep=2).session() as sess:
+        assert sess.restore_report.step == 4
+        for _ in range(6):
+            await sess.run(pair.step)  # commits at 6 (model.ckpt-6_1), 8, 10: sweeps
+    assert data.exists() and Path(logdir, "model.ckpt-6.index").exists()
+    from asupervisor._logdir.history import read_history
+    from asupervisor._logdir.store import Store
+
+    damaged = read_history(Store(logdir)).by_name("model.ckpt-6")
+    assert damaged is not None and damaged.on_disk
+
+
+async def test_a_whole_uncommitted_checkpoint_is_not_removed_after_a_transient_read_error(
+    logdir: str, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Only an empty or short ``.index`` is evidence of a torn write: an uncommitted
+    checkpoint that failed to read for another reason (EIO, EACCES, a store whose writes
+    are not visible yet) is skipped, and its files are left alone."""
+    from asupervisor._checkpointing import restorer
+
+    await train(logdir, 4)  # 0, 2, 4
+    for suffix in (".index", ".data-00000-of-00001"):  # whole, uncommitted: a kill's
+        Path(logdir, "model.ckpt-6" + suffix).write_bytes(
+            Path(logdir, "model.ckpt-4" + suffix).read_bytes()
+        )
+    real = restorer.checkpoint_problem
+
+    def flaky(store: Any, prefix: str) -> str | None:
+        if prefix.endswith("model.ckpt-6"):
+            return "OSError: [Errno 5] Input/output error"
+        return real(store, prefix)
+
+    monkeypatch.setattr(restorer, "checkpoint_problem", flaky)
+    report, _ = await restored_step(logdir)
+    assert report.step == 4
+    assert not named(events, "checkpoint.torn_removed")
+    assert Path(logdir, "model.ckpt-6.index").exists()
+    assert Path(logdir, "model.ckpt-6.data-00000-of-00001").exists()

@@ -16,7 +16,7 @@ from typing import Any
 from .._errors import CheckpointMismatchError
 from .._log import log
 from .._logdir.catalog import Catalog
-from .._logdir.files import checkpoint_problem, delete_checkpoint, files_problem
+from .._logdir.files import checkpoint_problem, delete_checkpoint, files_problem, index_torn
 from .._logdir.lock import WriteGuard
 from .._logdir.store import Store
 from .._logdir.verify import shape_differences, top_level_differences, verify_checkpoint
@@ -116,12 +116,16 @@ class Restorer:
         return None, False
 
     def _remove_if_torn(self, path: str, problem: str) -> None:
-        """A damaged checkpoint no commit names is a write a kill cut short (TF's saver
-        may leave an empty ``.index``): the chief removes it, or it would stay for ever
-        (once the head is past it, no restore or sweep looks at it again). Committed ones
-        stay: they are the run's record, skipped with their reason."""
+        """A damaged checkpoint no commit names whose ``.index`` is empty or short is a
+        write a kill cut short (TF's saver may leave an empty ``.index``): the chief
+        removes it, or it would stay for ever (once the head is past it, no restore or
+        sweep looks at it again). Any other failure to read it (EIO, EACCES, a store with
+        lagging visibility) is no evidence of a torn write: it is skipped and left alone.
+        Committed ones stay: they are the run's record, skipped with their reason."""
         name = os.path.basename(path)
         if not self.chief or self.catalog.history.by_name(name) is not None:
+            return
+        if not index_torn(self.store, name):
             return
         if delete_checkpoint(self.store, name):
             log.warning("checkpoint.torn_removed", path=path, reason=problem)

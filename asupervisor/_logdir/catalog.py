@@ -158,7 +158,10 @@ class Catalog:
         batches_dropped: int = 0,
     ) -> RollbackRecord:
         """The head goes back to commit ``to`` (restored): every commit after it on the
-        head's line is abandoned, never restored again (and swept by the usual rules)."""
+        head's line is abandoned, never restored again (and swept by the usual rules).
+        A ``fallback`` abandons what the restore skipped as damaged: those whose files
+        are still there stay on disk, unlisted (``preserved``), as the run's record, and
+        no sweep deletes them."""
         history = self.history
         record = RollbackRecord(
             number=len(history.rollbacks) + 1,
@@ -172,8 +175,15 @@ class Catalog:
             batches_dropped=batches_dropped,
             **asdict(self.provenance),
         )
+        disk = index_names(self.store) if kind == "fallback" else set()
         commits = tuple(
-            replace(c, abandoned_by=record.number) if c.seq > to and c.abandoned_by is None else c
+            replace(
+                c,
+                abandoned_by=record.number,
+                kept="preserved" if c.kept == "listed" and c.name in disk else c.kept,
+            )
+            if c.seq > to and c.abandoned_by is None
+            else c
             for c in history.commits
         )
         self._change(

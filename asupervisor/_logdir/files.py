@@ -71,6 +71,23 @@ def checkpoint_problem(store: Store, prefix: str) -> str | None:
     return files_problem(store, prefix) or verify_checkpoint(prefix)
 
 
+# TF's .index is a table ending in a fixed 48-byte footer (two block handles and a magic
+# number): one shorter than that was cut short as it was written.
+INDEX_FOOTER_BYTES = 48
+
+
+def index_torn(store: Store, name: str) -> bool:
+    """Whether the checkpoint ``name``'s ``.index`` is evidence of a torn write: empty, or
+    shorter than TF's table footer. A read error (EIO, EACCES, a store whose writes are
+    not visible yet) is not: the files may be whole."""
+    try:
+        return store.kind(name + ".index") == "file" and store.size(name + ".index") < (
+            INDEX_FOOTER_BYTES
+        )
+    except OSError:
+        return False
+
+
 def checkpoint_bytes(store: Store, prefix: str) -> int:
     """The size of the files of the checkpoint at ``prefix``."""
     total = 0

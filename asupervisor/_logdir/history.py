@@ -210,6 +210,11 @@ class History:
                 return commit
         return None
 
+    def damaged(self) -> set[int]:
+        """The commits a restore skipped as damaged (a fallback abandoned them)."""
+        fallbacks = {r.number for r in self.rollbacks if r.kind == "fallback"}
+        return {c.seq for c in self.commits if c.abandoned_by in fallbacks}
+
     def divergences(self) -> list[RollbackRecord]:
         """The rollbacks of the run after a divergence (what ``max_rollbacks`` counts)."""
         return [r for r in self.rollbacks if r.kind == "divergence"]
@@ -329,7 +334,9 @@ def derive(
     with what ``.asupervisor.checkpoints`` recorded; older checkpoints of the supervisor's
     own on disk that it does not list are kept every N hours (written no later than the
     last one kept that way) or leftovers of a sweep a kill cut short (gone: deleted at the
-    next sweep). Newer ones are not in it: complete files a kill left uncommitted, which
+    next sweep); but those newer than every listed one whose files are here are listed
+    (the state file names files that are gone: they are what a restore falls back to).
+    Newer ones are not in it: complete files a kill left uncommitted, which
     a restore may adopt (``Catalog.orphans``)."""
     names = NameFormat(basename)
     disk = index_names(store) if on_disk is None else on_disk
@@ -352,9 +359,18 @@ def derive(
     older: list[tuple[str, Kept]] = []
     if head_order is not None:
         known = {n for n, _ in listed}
+        # The newest listed one of the supervisor's own whose files are here: an unlisted
+        # one older than it may be a sweep's leftover; one newer than it, when the state
+        # file names only files that are gone, is a whole checkpoint a restore must be
+        # able to fall back to (the newest that reads back whole is restored).
+        present = [o for n, _ in listed if n in disk and (o := names.order(n)) is not None]
+        floor = max(present, default=None)
         for name in sorted(disk - known, key=lambda n: names.order(n) or (0, 0)):
             order = names.order(name)
             if order is None or order >= head_order:
+                continue
+            if floor is None or order > floor:
+                listed = _listed_in_order(listed, name, names)
                 continue
             preserved = _maybe_preserved(store, name, last_preserved)
             older.append((name, "preserved" if preserved else "gone"))
@@ -385,6 +401,22 @@ def derive(
         next_seq=len(commits) + 1,
         derived=True,
     )
+
+
+def _listed_in_order(
+    listed: list[tuple[str, float | None]], name: str, names: NameFormat
+) -> list[tuple[str, float | None]]:
+    """``listed`` with ``name`` (of unknown time) before the first of the supervisor's own
+    that is newer than it, the head (last) staying last."""
+    order = names.order(name)
+    assert order is not None
+    at = len(listed) - 1
+    for i, (other, _) in enumerate(listed[:-1]):
+        other_order = names.order(other)
+        if other_order is not None and other_order > order:
+            at = i
+            break
+    return [*listed[:at], (name, None), *listed[at:]]
 
 
 def mtime_of(store: Store, name: str) -> float:

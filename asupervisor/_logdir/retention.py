@@ -103,9 +103,10 @@ class KeepBest:
 
     def keeps(self, facts: Facts) -> set[int]:
         scored = []
+        damaged = facts.history.damaged()  # unreadable: never the best
         for commit in facts.history.committed():
             value = facts.metrics(commit).get(self.metric)
-            if value is not None and commit.healthy is not False:
+            if value is not None and commit.healthy is not False and commit.seq not in damaged:
                 scored.append((-value if self.mode == "max" else value, commit.seq))
         # Best first; on a tie the earlier commit (Orbit's rule, in both modes): only a
         # strictly better value is a new best.
