@@ -45,6 +45,10 @@ class Restorer:
         self.catalog = catalog
         self.store: Store = catalog.store
         self.chief = guard.lock is not None  # the one writer: it may adopt and record
+        # Every change to the logdir enters the guard: a restore the session gave up on
+        # (a stop during start-up) goes on by itself, and must write nothing once the
+        # session has closed and released the lock (``Fenced`` then ends it).
+        self.guard = guard
         self.restore_status: Any = None
         self._verified: dict[tuple[str, float | None], bool] = {}  # for good_exists()
 
@@ -127,8 +131,9 @@ class Restorer:
             return
         if not index_torn(self.store, name):
             return
-        if delete_checkpoint(self.store, name):
-            log.warning("checkpoint.torn_removed", path=path, reason=problem)
+        with self.guard.writing():
+            if delete_checkpoint(self.store, name):
+                log.warning("checkpoint.torn_removed", path=path, reason=problem)
 
     def _settle(self, path: str, skipped: list[tuple[str, str]]) -> None:
         """The chief restored ``path``: it is the head from now on. One a kill left
@@ -139,10 +144,12 @@ class Restorer:
         commit = history.by_name(name)
         if commit is None:  # an orphan (newest first): it and the older ones, oldest first
             orphans = catalog.orphans()
-            catalog.adopt(orphans[orphans.index(name) :][::-1])
+            with self.guard.writing():
+                catalog.adopt(orphans[orphans.index(name) :][::-1])
         elif commit.seq != history.head:
             why = "; ".join(f"{os.path.basename(p)}: {r}" for p, r in skipped)[:500]
-            catalog.roll_back(commit.seq, kind="fallback", reason=why or "the head was skipped")
+            with self.guard.writing():
+                catalog.roll_back(commit.seq, kind="fallback", reason=why or "the head was skipped")
 
     def _gone(self, path: str) -> bool:
         """Whether ``path`` is no longer a candidate, or its files are gone."""
