@@ -140,3 +140,39 @@ async def test_checkpoints_of_a_checkpoint_manager_are_restored_and_never_delete
 
     async with sv.session() as sess:  # and the next run resumes from its own
         assert sess.restore_report.path.endswith("model.ckpt-5")
+
+
+async def test_checkpoint_manager_checkpoints_matching_a_custom_basename_are_migrated(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """``checkpoint_basename="ckpt"`` over ``tf.train.CheckpointManager``'s ``ckpt-1``...:
+    the names look like the supervisor's own, the contents (no global step) do not: a
+    migration (the global step left as it is), and those files are never swept."""
+    v = tf.Variable(0.0)
+    manager = tf.train.CheckpointManager(tf.train.Checkpoint(v=v), logdir, max_to_keep=None)
+    for value in (1.0, 2.0):
+        v.assign(value)
+        manager.save()  # ckpt-1, ckpt-2
+    v.assign(-1.0)
+    sv = asv.Supervisor(
+        logdir,
+        checkpoint={"v": v},
+        checkpoint_basename="ckpt",
+        save_model_secs=0,
+        save_model_steps=1,
+        max_to_keep=1,
+        save_summaries_secs=0,
+        handle_signals=False,
+    )
+    async with sv.session() as sess:
+        assert sess.restore_report.path == os.path.join(logdir, "ckpt-2")
+        assert float(v.numpy()) == 2.0 and sess.restore_report.step == 0
+        for _ in range(4):
+            await sess.run(v.assign_add, 1.0)
+    assert named(events, "checkpoint.migrated")
+    names = set(os.listdir(logdir))
+    for foreign in ("ckpt-1", "ckpt-2"):  # migrated from: never swept
+        assert f"{foreign}.index" in names
+    assert tf.train.latest_checkpoint(logdir).endswith("ckpt-4")
+    async with sv.session() as sess:  # the next run resumes from its own
+        assert sess.restore_report.path.endswith("ckpt-4") and sess.restore_report.step == 4

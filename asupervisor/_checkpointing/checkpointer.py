@@ -119,5 +119,5 @@ class Checkpointer:
     def restored(self, path: str) -> None:
         """The session restored ``path``: the last good checkpoint (of unknown time)."""
         order = self.catalog.names.order(path)
-        if order is not None:
+        if order is not None and not self.restorer.migrated:  # a foreign number is no step
             self.writer.restored(order[0])

@@ -50,6 +50,7 @@ class Restorer:
         # session has closed and released the lock (``Fenced`` then ends it).
         self.guard = guard
         self.restore_status: Any = None
+        self.migrated = False  # the last restore was of another tool's checkpoint
         self._verified: dict[tuple[str, float | None], bool] = {}  # for good_exists()
 
     def candidates(self) -> list[str]:
@@ -114,6 +115,8 @@ class Restorer:
             if problem is None:
                 if self.chief:
                     self._settle(path, skipped)
+                    if self.migrated:
+                        self._mark_foreign()
                 return path, False
             self._skip(skipped, path, problem)
             self._remove_if_torn(path, problem)
@@ -151,6 +154,25 @@ class Restorer:
             with self.guard.writing():
                 catalog.roll_back(commit.seq, kind="fallback", reason=why or "the head was skipped")
 
+    def _mark_foreign(self) -> None:
+        """A migration from checkpoints whose names look like the supervisor's own: the
+        commits no session made that lack the global step are another tool's (foreign:
+        restored from, never swept, their number not a step)."""
+        children = {GLOBAL_STEP: self.root.children()[GLOBAL_STEP]}
+        foreign = []
+        for commit in self.catalog.history.committed():
+            if commit.foreign or commit.session is not None:
+                continue
+            try:
+                missing, _ = top_level_differences(children, self.store.path(commit.name))
+            except Exception:  # unreadable: not known to be another tool's
+                continue
+            if GLOBAL_STEP in missing:
+                foreign.append(commit.seq)
+        if foreign:
+            with self.guard.writing():
+                self.catalog.mark_foreign(foreign)
+
     def _gone(self, path: str) -> bool:
         """Whether ``path`` is no longer a candidate, or its files are gone."""
         return path not in self.candidates() or files_problem(self.store, path) is not None
@@ -176,15 +198,16 @@ class Restorer:
         """Restore ``path`` into the root's objects, or raise CheckpointMismatchError.
 
         A checkpoint the supervisor did not write (``tf.train.CheckpointManager``'s
-        ``ckpt-1``, ``Checkpoint.save``) may lack the global step: that is a migration,
-        and the step stays as it is. ``restore_status`` is kept for ``unrestored()``.
+        ``ckpt-1``, ``Checkpoint.save``) lacks the global step, whatever its name (with
+        ``checkpoint_basename="ckpt"`` the manager's names look like the supervisor's
+        own): that is a migration (``migrated``), and the step stays as it is; every
+        checkpoint the supervisor writes holds it. ``restore_status`` is kept for
+        ``unrestored()``.
         """
         children = self.root.children()
         missing, unexpected = top_level_differences(children, path)
         # What an older or another tool's checkpoint may lack: restored without it.
-        optional = set(OWN_PARTS)
-        if not self.catalog.names.is_own(path):
-            optional.add(GLOBAL_STEP)
+        optional = {*OWN_PARTS, GLOBAL_STEP}
         absent = [name for name in missing if name in optional]
         missing = [name for name in missing if name not in optional]
         # Only extra names: the user's checkpoint may be given them later (TF restores an
@@ -210,6 +233,7 @@ class Restorer:
                 f"checkpoint {path} does not match the objects being restored: {exc}"
             ) from exc
         self.restore_status = status
+        self.migrated = GLOBAL_STEP in absent or not self.catalog.names.is_own(path)
 
     def take_restore_status(self) -> Any:
         """What the restore left to take, once: for the check after the first step."""

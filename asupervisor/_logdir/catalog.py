@@ -198,6 +198,16 @@ class Catalog:
         )
         self._change(replace(self.history, commits=commits))
 
+    def mark_foreign(self, seqs: list[int]) -> None:
+        """Commits found to be another tool's checkpoints (no global step): restored
+        from, never swept, their number not a step."""
+        marked = set(seqs)
+        commits = tuple(
+            replace(c, foreign=True, step=None) if c.seq in marked else c
+            for c in self.history.commits
+        )
+        self._change(replace(self.history, commits=commits))
+
     def let_go(self, preserved: list[int], gone: list[int], last_preserved: float) -> None:
         """A sweep: ``preserved`` stay on disk unlisted, ``gone`` are to be deleted."""
         kept: dict[int, Kept] = dict.fromkeys(preserved, "preserved")

@@ -194,7 +194,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     if path is not None and rt.checkpointer is not None:
         checkpointer = rt.checkpointer
         checkpointer.restored(path)
-        if not checkpointer.catalog.names.is_own(path):
+        if checkpointer.restorer.migrated:
             log.warning("checkpoint.migrated", path=path, step=step.value)
         waiting = unrestored(checkpointer.restore_status)
         if waiting is not None:
