@@ -31,6 +31,14 @@ async def train(logdir: str, steps: int) -> None:
             await sess.run(pair.step)
 
 
+def forget_history(logdir: str) -> None:
+    """A logdir without a history (an older one, or one whose history is lost): both
+    copies removed."""
+    for name in os.listdir(logdir):
+        if name.startswith(".asupervisor.history"):
+            os.remove(os.path.join(logdir, name))
+
+
 async def restored_step(logdir: str) -> tuple[asv.RestoreReport, float]:
     pair = Pair()
     async with make(logdir, pair).session() as sess:
@@ -364,7 +372,7 @@ async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> Non
     await train(logdir, 8)  # saves at 0, 2, 4, 6, 8
     # An older logdir (no history: derived from the state file), as if killed after
     # writing 8 but before the state file named it, and in the middle of a sweep of 2.
-    os.remove(os.path.join(logdir, ".asupervisor.history"))
+    forget_history(logdir)
     state = [os.path.join(logdir, f"model.ckpt-{s}") for s in (0, 4, 6)]
     tf.compat.v1.train.update_checkpoint_state(logdir, state[-1], all_model_checkpoint_paths=state)
     pair = Pair()
@@ -399,7 +407,7 @@ async def test_an_older_logdir_without_a_history_resumes_from_its_state_file(log
     from asupervisor._logdir.store import Store
 
     await train(logdir, 6)  # 0, 2, 4, 6
-    os.remove(os.path.join(logdir, ".asupervisor.history"))
+    forget_history(logdir)
     records = {
         "model.ckpt-4": {"step": 4, "time": 1.0, "metrics": {"val": 0.5}, "healthy": False},
         "model.ckpt-6": {"step": 6, "time": 2.0, "metrics": {"val": 0.7}, "healthy": True},
@@ -423,7 +431,7 @@ async def test_a_state_file_naming_a_missing_checkpoint_restores_the_newest_whol
     checkpoints it does not name are on disk: the newest that reads back whole is restored
     (TF's ``latest_checkpoint`` gives up there), not a fresh start."""
     await train(logdir, 4)  # 0, 2, 4
-    os.remove(os.path.join(logdir, ".asupervisor.history"))
+    forget_history(logdir)
     missing = os.path.join(logdir, "model.ckpt-9")
     tf.compat.v1.train.update_checkpoint_state(
         logdir, missing, all_model_checkpoint_paths=[missing]
@@ -529,3 +537,33 @@ async def test_a_restore_given_up_on_writes_nothing_into_the_logdir_after_the_se
         release.set()
         assert await anyio.to_thread.run_sync(finished.wait, 60)
     assert (history.read_bytes(), state.read_bytes()) == before
+
+
+async def test_a_history_derived_again_keeps_the_checkpoints_kept_every_n_hours(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """Both copies of the history gone (``cp -r run/* elsewhere/`` leaves dot files
+    behind): the history derived from the state file and the disk still knows every
+    checkpoint kept every N hours (each written no later than the state file's
+    ``last_preserved_timestamp``), and the next commits sweep none of them; a warning says
+    the history was derived."""
+    from asupervisor._logdir.history import read_history
+    from asupervisor._logdir.store import Store
+
+    pair = Pair()
+    every = 0.3 / 3600
+    sv = make(logdir, pair, save_model_steps=1, max_to_keep=1, keep_checkpoint_every_n_hours=every)
+    async with sv.session() as sess:
+        while not [c for c in read_history(Store(logdir)).commits if c.kept == "preserved"]:
+            await sess.run(pair.step)
+            await anyio.sleep(0.05)
+    preserved = [c.name for c in read_history(Store(logdir)).commits if c.kept == "preserved"]
+    forget_history(logdir)
+    sv = make(logdir, pair, save_model_steps=1, max_to_keep=1, keep_checkpoint_every_n_hours=every)
+    async with sv.session() as sess:
+        for _ in range(3):
+            await sess.run(pair.step)
+    for name in preserved:
+        assert Path(logdir, name + ".index").exists(), name
+    (warning,) = named(events, "history.damaged")
+    assert warning["read_from"] is None

@@ -629,3 +629,58 @@ def test_the_state_file_lists_only_the_supervisors_own_checkpoints_beside_the_he
     history = read_history(store)
     foreign = history.by_name("unusual_prefix-2")
     assert foreign is not None and foreign.on_disk  # still in the history, never swept
+
+
+@pytest.mark.parametrize("damage", ["removed", "overwritten"])
+def test_a_damaged_or_missing_history_is_read_from_its_second_copy_and_logged(
+    tmp_path: Path, damage: str, events: list[dict[str, Any]]
+) -> None:
+    """The history is written twice (the second copy after the first): a history file
+    removed or overwritten is read from the other, with its rollback records, health marks
+    and checkpoints kept every N hours, and a warning says so."""
+    store, catalog = committed_logdir(tmp_path, [0, 3, 6, 9], max_to_keep=2)
+    six, nine = catalog.history.by_name("model.ckpt-6"), catalog.history.by_name("model.ckpt-9")
+    assert six is not None and nine is not None
+    catalog.judged(nine.seq, False)
+    catalog.roll_back(six.seq, kind="divergence", reason="nan", at_step=10)
+    before = catalog.history
+    if damage == "removed":
+        Path(store.path(HISTORY)).unlink()
+    else:
+        Path(store.path(HISTORY)).write_bytes(b"{not json")
+    again = Catalog(store, BASENAME, writer=True)
+    again.load()
+    assert again.history.commits == before.commits
+    assert again.history.rollbacks == before.rollbacks and again.history.head == before.head
+    assert read_history(store).rollbacks == before.rollbacks  # and written down again
+    (warning,) = [e for e in events if e["event"] == "history.damaged"]
+    assert warning["log_level"] == "warning" and warning["read_from"].endswith(".backup")
+
+
+def test_a_history_derived_again_keeps_the_seq_the_evaluators_results_name(
+    tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    """Both copies gone (``cp -r run/* elsewhere/`` leaves dot files behind): the history
+    derived from the state file gives each commit the ``seq`` the evaluator's results
+    matched it by, and later commits numbers none of them used; a warning says so."""
+    store, catalog = committed_logdir(tmp_path, [0, 1, 2, 3, 4], max_to_keep=2)
+    kept = [c for c in catalog.history.commits if c.kept == "listed"]
+    assert [c.seq for c in kept] == [4, 5]
+    evaluated_store(store.root).make()
+    write_evaluated(
+        store.root,
+        {c.name: {"step": c.step, "time": 0.0, "seq": c.seq, "metrics": {}} for c in kept}
+        | {"model.ckpt-9": {"step": 9, "time": 0.0, "seq": 12, "metrics": {}}},
+    )
+    for name in store.names():
+        if name.startswith(HISTORY):
+            Path(store.path(name)).unlink()
+    again = Catalog(store, BASENAME, writer=True)
+    again.load()
+    assert [(c.name, c.seq) for c in again.history.commits] == [
+        ("model.ckpt-3", 4),
+        ("model.ckpt-4", 5),
+    ]
+    assert again.history.next_seq > 12
+    (warning,) = [e for e in events if e["event"] == "history.damaged"]
+    assert warning["read_from"] is None and "missing" in warning["reason"]

@@ -135,6 +135,7 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
         "checkpoint",
         ".asupervisor.lock",
         ".asupervisor.history",
+        ".asupervisor.history.backup",
         ".asupervisor.heartbeat",
         "asupervisor-ledger.jsonl",
     }  # state, lock, history, presence

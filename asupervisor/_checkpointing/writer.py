@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import dataclasses
 import os
 import threading
 import time
@@ -126,7 +127,10 @@ class Writer:
         """Files on disk first (fsynced), then the history names them, then the sweep."""
         if self.durable:
             self.store.sync(self.store.files_of(name))
-        self.catalog.commit(name, record)
+        # Stamped once its files are written, as TF's manager stamps a save: no file of
+        # it is newer than its time, so a history derived again from the state file and
+        # the disk (``last_preserved_timestamp``) knows the checkpoints kept every N hours.
+        self.catalog.commit(name, dataclasses.replace(record, time=max(record.time, time.time())))
         self.retention.sweep(self.catalog)
 
     def _discard(self, name: str | None) -> None:

@@ -11,8 +11,10 @@ from __future__ import annotations
 import time
 from dataclasses import asdict, replace
 
+from .._log import log
 from . import statefile
 from .history import (
+    HISTORY,
     Commit,
     History,
     Kept,
@@ -22,6 +24,7 @@ from .history import (
     RollbackRecord,
     index_names,
     load_history,
+    load_history_noting,
     mtime_of,
     write_history,
 )
@@ -52,9 +55,19 @@ class Catalog:
         """Read the logdir's history (or derive it once from an older logdir's files); the
         chief writes it down, and a state file that follows it. An unreadable state file
         is skipped like a damaged checkpoint (the chief puts it aside)."""
-        history, _, damage = load_history(self.store, self.names.basename)
+        history, _, damage, lost = load_history_noting(self.store, self.names.basename)
         if damage is not None:
             self.damaged_state = statefile.put_aside(self.store, damage, move=self.writer)
+        if lost is not None:
+            # Read from its second copy, whole; or derived from the state file and the
+            # disk: the rollback records and health marks are then gone (said here).
+            log.warning(
+                "history.damaged",
+                path=self.store.path(HISTORY),
+                reason=lost.reason,
+                read_from=lost.read_from,
+                commits=len(history.commits),
+            )
         writes = self.writer and history.head is not None
         self.history = replace(
             history, basename=self.names.basename, derived=history.derived and not writes

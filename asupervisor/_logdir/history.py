@@ -44,11 +44,12 @@ from typing import Any, Literal
 
 from . import statefile
 from .heartbeat import ENV_ATTEMPT, ENV_RUN
-from .records import finite_numbers, read_legacy_records
+from .records import finite_numbers, read_legacy_records, read_results
 from .statefile import StateFile
 from .store import Store
 
 HISTORY = ".asupervisor.history"
+HISTORY_COPY = HISTORY + ".backup"  # the second copy, written after the first
 VERSION = 1
 READ_LIMIT = 32 << 20
 DEFAULT_BASENAME = "model.ckpt"
@@ -341,6 +342,7 @@ def derive(
     names = NameFormat(basename)
     disk = index_names(store) if on_disk is None else on_disk
     records = read_legacy_records(store)
+    measured = read_results(store.root)  # the evaluator matches its results by seq
     now = time.time()
     listed: list[tuple[str, float | None]] = []
     last_preserved = now - 1  # as a CheckpointManager over a new directory
@@ -376,14 +378,20 @@ def derive(
             older.append((name, "preserved" if preserved else "gone"))
     commits: list[Commit] = []
     entries = [(n, k, None) for n, k in older] + [(n, "listed", s) for n, s in listed]
-    for seq, (name, kept, stamp) in enumerate(entries, start=1):
+    seq = 0
+    for name, kept, stamp in entries:
+        # The seq the evaluator's result under this name gives (the history it was
+        # matched against is lost), when it keeps the commit order; else the next one.
+        result = measured.get(name)
+        named = result.get("seq") if result else None
+        seq = named if isinstance(named, int) and named > seq else seq + 1
         record = records.get(name)
         order = names.order(name)
         when = stamp if stamp is not None else (record.time if record else mtime_of(store, name))
         commits.append(
             Commit(
                 seq=seq,
-                parent=seq - 1 if seq > 1 else None,
+                parent=commits[-1].seq if commits else None,
                 name=name,
                 step=order[0] if order is not None else None,
                 time=when,
@@ -393,12 +401,14 @@ def derive(
                 foreign=order is None,
             )
         )
+    # A new commit takes a seq no result names: none is taken for one it is not of.
+    used = [r["seq"] for r in measured.values() if isinstance(r.get("seq"), int)]
     return History(
         basename=basename,
         commits=tuple(commits),
-        head=len(commits) if listed else None,
+        head=commits[-1].seq if listed else None,
         last_preserved=last_preserved,
-        next_seq=len(commits) + 1,
+        next_seq=max([seq, *used]) + 1,
         derived=True,
     )
 
@@ -456,19 +466,49 @@ def load_history(
     store: Store, basename: str | None = None
 ) -> tuple[History, StateFile | None, BaseException | None]:
     """The history, the state file, and why the state file could not be read (``None``:
-    it could, or there is none). A damaged history file is derived again from the rest."""
+    it could, or there is none). A damaged history file is read from its second copy, or
+    derived again from the rest."""
+    history, state, damage, _ = load_history_noting(store, basename)
+    return history, state, damage
+
+
+@dataclass(frozen=True)
+class HistoryDamage:
+    """Why the history file could not be read, and what was read instead (its second
+    copy's name, or ``None``: derived from the state file and the disk)."""
+
+    reason: str
+    read_from: str | None
+
+
+def load_history_noting(
+    store: Store, basename: str | None = None
+) -> tuple[History, StateFile | None, BaseException | None, HistoryDamage | None]:
+    """``load_history``, and what happened to the history file (``None``: it was read,
+    or the logdir has no history and no state file: nothing was lost)."""
     state: StateFile | None = None
     damage: BaseException | None = None
     try:
         state = statefile.read(store)
     except (OSError, ValueError) as exc:  # UnicodeDecodeError is a ValueError
         damage = exc
-    if store.kind(HISTORY) == "file":
+    reason = None
+    for name in (HISTORY, HISTORY_COPY):
+        if store.kind(name) != "file":
+            reason = reason or f"{name} is missing"
+            continue
         try:
-            return parse_history(store.read(HISTORY, READ_LIMIT)), state, damage
-        except (OSError, ValueError):
-            pass  # damaged: what the state file and the disk say is derived again
-    return derive(store, basename or _guess_basename(state, store), state), state, damage
+            history = parse_history(store.read(name, READ_LIMIT))
+        except (OSError, ValueError) as exc:
+            reason = reason or f"{name} is damaged: {type(exc).__name__}: {str(exc)[:200]}"
+            continue
+        note = None if name == HISTORY else HistoryDamage(str(reason), store.path(name))
+        return history, state, damage, note
+    # Neither copy: what the state file and the disk say is derived again.
+    history = derive(store, basename or _guess_basename(state, store), state)
+    lost = any(not c.foreign for c in history.commits) or damage is not None
+    note = HistoryDamage(str(reason), None) if lost else None
+    return history, state, damage, note
 
 
 def head_step(logdir: str) -> int | None:
@@ -479,4 +519,8 @@ def head_step(logdir: str) -> int | None:
 
 
 def write_history(store: Store, history: History) -> None:
-    store.write(HISTORY, json.dumps(history.as_json(), separators=(",", ":")).encode())
+    """Both copies, the first first: a kill in between leaves the second one change
+    behind, and either one read alone is a whole history."""
+    data = json.dumps(history.as_json(), separators=(",", ":")).encode()
+    store.write(HISTORY, data)
+    store.write(HISTORY_COPY, data)
