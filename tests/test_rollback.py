@@ -397,3 +397,39 @@ async def test_inspect_shows_the_branches_and_what_a_rollback_abandoned(logdir: 
     assert "abandoned by rollback 1" in text
     assert "back to model.ckpt-9, abandoning model.ckpt-12, 5 batches dropped" in text
     assert report.as_dict()["rollbacks"][0]["abandoned"] == ["model.ckpt-12"]
+
+
+async def test_a_kill_between_a_rollbacks_record_and_its_branch_commit_does_not_meet_the_bad_batch_again(  # noqa: E501
+    logdir: str, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The rollback's record holds the moved data position: a process killed after the
+    record and before the new branch's first commit restarts from the restored commit at
+    the moved position, past the bad batch (with ``max_rollbacks=1`` the bad batch again
+    would end the run with ``DivergedError``)."""
+    from asupervisor._logdir.catalog import Catalog
+
+    def data(epoch: int) -> tf.data.Dataset:
+        return regression(poisoned={7} if epoch == 0 else set())
+
+    real_commit = Catalog.commit
+
+    def dead_after_the_record(self: Catalog, name: str, record: Any) -> Any:
+        if self.history.rollbacks:  # the process is gone: nothing more is committed
+            raise OSError("killed")
+        return real_commit(self, name, record)
+
+    line = Line()
+    with monkeypatch.context() as patch:
+        patch.setattr(Catalog, "commit", dead_after_the_record)
+        with pytest.raises(asv.CheckpointSaveError):
+            async with supervisor(logdir, line, asv.Rollback(max_rollbacks=1)).session() as sess:
+                await sess.train(line.step, data, epochs=2)
+    history = history_of(logdir)
+    (record,) = history.rollbacks
+    assert history.head == record.to and history.head_step() == 6  # no branch commit
+    line = Line()
+    async with supervisor(logdir, line, asv.Rollback(max_rollbacks=1)).session() as sess:
+        assert sess.data_position == (0, 8)  # past batch 7, as the rollback moved it
+        await sess.train(line.step, data, epochs=2)
+    assert sess.outcome is asv.Outcome.DONE and sess.data_position == (2, 0)
+    assert len(named(events, "step.diverged")) == 1

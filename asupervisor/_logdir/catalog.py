@@ -169,6 +169,7 @@ class Catalog:
         at_step: int | None = None,
         loss: float | None = None,
         batches_dropped: int = 0,
+        position: tuple[int, int] | None = None,
     ) -> RollbackRecord:
         """The head goes back to commit ``to`` (restored): every commit after it on the
         head's line is abandoned, never restored again (and swept by the usual rules).
@@ -187,6 +188,7 @@ class Catalog:
             loss=loss,
             batches_dropped=batches_dropped,
             **asdict(self.provenance),
+            position=position,
         )
         disk = index_names(self.store) if kind == "fallback" else set()
         commits = tuple(

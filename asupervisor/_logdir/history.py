@@ -141,6 +141,9 @@ class RollbackRecord:
     session: str | None = None
     run: str | None = None
     attempt: int | None = None
+    # The data position (epoch, batch) the rollback moved to, written with the record: a
+    # kill before the new branch's first commit must not leave it only in memory.
+    position: tuple[int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -216,6 +219,15 @@ class History:
         fallbacks = {r.number for r in self.rollbacks if r.kind == "fallback"}
         return {c.seq for c in self.commits if c.abandoned_by in fallbacks}
 
+    def pending_position(self) -> tuple[int, int] | None:
+        """The data position the newest rollback moved to, while no commit holds it yet
+        (the head is still the commit it restored: a kill came before the new branch's
+        first commit); ``None`` otherwise."""
+        if not self.rollbacks:
+            return None
+        newest = max(self.rollbacks, key=lambda r: r.number)
+        return newest.position if newest.to == self.head else None
+
     def divergences(self) -> list[RollbackRecord]:
         """The rollbacks of the run after a divergence (what ``max_rollbacks`` counts)."""
         return [r for r in self.rollbacks if r.kind == "divergence"]
@@ -285,6 +297,7 @@ def _rollback_of(raw: Mapping[str, Any]) -> RollbackRecord:
     if kind not in ("divergence", "fallback"):
         raise ValueError(f"kind {kind!r}")
     loss = raw.get("loss")
+    position = raw.get("position")
     return RollbackRecord(
         number=int(raw["number"]),
         kind=kind,
@@ -298,6 +311,7 @@ def _rollback_of(raw: Mapping[str, Any]) -> RollbackRecord:
         session=None if raw.get("session") is None else str(raw["session"]),
         run=None if raw.get("run") is None else str(raw["run"]),
         attempt=None if raw.get("attempt") is None else int(raw["attempt"]),
+        position=None if position is None else (int(position[0]), int(position[1])),
     )
 
 

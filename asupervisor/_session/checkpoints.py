@@ -268,18 +268,20 @@ class SessionCheckpoints:
         path = checkpointer.store.path(target.name)
         self._restored(checkpointer, path)
         restored = self.step.value
-        dropped = 0
+        dropped, moved = 0, None
         if self.position.counts():  # past the batch that diverged, and `skip` more
-            self.position.go_to(where[0], where[1] + policy.skip)
+            moved = (where[0], where[1] + policy.skip)
+            self.position.go_to(*moved)
             dropped = max(0, diverged - restored) + policy.skip
         self.stepper.recovered()
-        catalog.roll_back(
+        catalog.roll_back(  # with the moved position: a restart before the branch commit
             target.seq,
             kind="divergence",
             reason=reason,
             at_step=diverged,
             loss=loss,
             batches_dropped=dropped,
+            position=moved,
         )
         self.events.write({"rollback/diverged_at_step": float(diverged)}, restored + 1)
         log.warning(

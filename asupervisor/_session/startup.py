@@ -180,6 +180,19 @@ def _choose(rt: SessionRuntime, max_wait_secs: float) -> tuple[str | None, list[
     return chosen, []
 
 
+def _resume_rollback(rt: SessionRuntime, checkpointer: Checkpointer, path: str) -> None:
+    """The head restored is a rollback's target whose new branch has no commit yet (a
+    kill came between the rollback's record and that commit): the data goes on from the
+    position the rollback moved it to, past the bad batch, as the record says."""
+    history = checkpointer.catalog.history
+    head = history.head_commit()
+    moved = history.pending_position()
+    if moved is None or head is None or checkpointer.store.path(head.name) != path:
+        return
+    rt.position.go_to(*moved)
+    log.warning("checkpoint.rollback_resumed", path=path, data_position=list(moved))
+
+
 def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     """Training thread: restore the newest checkpoint, or initialize."""
     sv, step = rt.sv, rt.step
@@ -196,6 +209,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
         checkpointer.restored(path)
         if checkpointer.restorer.migrated:
             log.warning("checkpoint.migrated", path=path, step=step.value)
+        _resume_rollback(rt, checkpointer, path)
         waiting = unrestored(checkpointer.restore_status)
         if waiting is not None:
             # Objects not built yet take their values when they are built: checked
