@@ -178,14 +178,16 @@ class Store:
             raise OSError(errno.EFBIG, f"{self.path(name)} is larger than {limit} bytes")
         return bytes(data)
 
-    def write(self, name: str, data: bytes) -> None:
-        """Write ``name`` whole (through a temporary name, then a rename)."""
+    def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
+        """Write ``name`` whole (through a temporary name, then a rename); ``durable``:
+        its bytes fsynced before the rename (a copy that another one backs need not be)."""
         temp = f"{name}.tmp{os.getpid()}"
         if self.local:
             with open(self.path(temp), "wb") as f:
                 f.write(data)
                 f.flush()
-                os.fsync(f.fileno())
+                if durable:
+                    os.fsync(f.fileno())
             os.replace(self.path(temp), self.path(name))
             return
         import tensorflow as tf
