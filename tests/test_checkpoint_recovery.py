@@ -489,56 +489,6 @@ async def test_a_whole_uncommitted_checkpoint_is_not_removed_after_a_transient_r
     assert Path(logdir, "model.ckpt-6.data-00000-of-00001").exists()
 
 
-async def test_a_restore_given_up_on_writes_nothing_into_the_logdir_after_the_session_ends(
-    logdir: str,
-) -> None:
-    """A stop during the restore ends the session before it trains; the restore it gave
-    up on goes on by itself on the training thread, and writes nothing into the logdir
-    (no history, no state file) once the session has ended and released the lock."""
-    import threading
-
-    from asupervisor._checkpointing import restorer
-
-    await train(logdir, 4)  # 0, 2, 4
-    data = Path(logdir, "model.ckpt-4.data-00000-of-00001")
-    data.write_bytes(data.read_bytes()[:7])  # damaged: the restore falls back (and records it)
-    reading, release, finished = threading.Event(), threading.Event(), threading.Event()
-    real_problem, real_newest = restorer.checkpoint_problem, restorer.Restorer.restore_newest
-
-    def slow(store: Any, prefix: str) -> str | None:
-        if prefix.endswith("model.ckpt-2"):
-            reading.set()
-            release.wait(60)
-        return real_problem(store, prefix)
-
-    def newest(self: Any) -> Any:
-        try:
-            return real_newest(self)
-        finally:
-            finished.set()
-
-    history = Path(logdir, ".asupervisor.history")
-    state = Path(logdir, "checkpoint")
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(restorer, "checkpoint_problem", slow)
-        patch.setattr(restorer.Restorer, "restore_newest", newest)
-        sv = make(logdir, Pair(), stop_grace_secs=0.5)
-        async with anyio.create_task_group() as tg:
-
-            async def stop_while_restoring() -> None:
-                while not reading.is_set():
-                    await anyio.sleep(0.01)
-                sv.request_stop()
-
-            tg.start_soon(stop_while_restoring)
-            async with sv.session() as sess:
-                assert sess.restore_report.source == "interrupted"
-        before = history.read_bytes(), state.read_bytes()
-        release.set()
-        assert await anyio.to_thread.run_sync(finished.wait, 60)
-    assert (history.read_bytes(), state.read_bytes()) == before
-
-
 async def test_a_history_derived_again_keeps_the_checkpoints_kept_every_n_hours(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import anyio
@@ -12,7 +13,7 @@ import pytest
 import tensorflow as tf
 
 import asupervisor as asv
-from tests.conftest import Pair
+from tests.conftest import Pair, pair_supervisor
 
 pytestmark = pytest.mark.anyio
 
@@ -99,3 +100,54 @@ async def test_a_hold_asked_for_as_the_session_closes_is_released_not_left_waiti
 def test_session_closed_is_what_a_fenced_job_meets() -> None:
     err: Any = asv.SessionClosed("x")
     assert isinstance(err, RuntimeError) and isinstance(err, asv.SupervisorError)
+
+
+async def test_a_restore_given_up_on_writes_nothing_into_the_logdir_after_the_session_ends(
+    logdir: str,
+) -> None:
+    """A stop during the restore ends the session before it trains; the restore it gave
+    up on goes on by itself on the training thread, and writes nothing into the logdir
+    (no history, no state file) once the session has ended and released the lock."""
+    from asupervisor._checkpointing import restorer
+
+    pair = Pair()
+    async with pair_supervisor(logdir, pair).session() as sess:
+        for _ in range(4):
+            await sess.run(pair.step)  # 0, 2, 4
+    data = Path(logdir, "model.ckpt-4.data-00000-of-00001")
+    data.write_bytes(data.read_bytes()[:7])  # damaged: the restore falls back (and records it)
+    reading, release, finished = threading.Event(), threading.Event(), threading.Event()
+    real_problem, real_newest = restorer.checkpoint_problem, restorer.Restorer.restore_newest
+
+    def slow(store: Any, prefix: str) -> str | None:
+        if prefix.endswith("model.ckpt-2"):
+            reading.set()
+            release.wait(60)
+        return real_problem(store, prefix)
+
+    def newest(self: Any) -> Any:
+        try:
+            return real_newest(self)
+        finally:
+            finished.set()
+
+    history = Path(logdir, ".asupervisor.history")
+    state = Path(logdir, "checkpoint")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(restorer, "checkpoint_problem", slow)
+        patch.setattr(restorer.Restorer, "restore_newest", newest)
+        sv = pair_supervisor(logdir, Pair(), stop_grace_secs=0.5)
+        async with anyio.create_task_group() as tg:
+
+            async def stop_while_restoring() -> None:
+                while not reading.is_set():
+                    await anyio.sleep(0.01)
+                sv.request_stop()
+
+            tg.start_soon(stop_while_restoring)
+            async with sv.session() as sess:
+                assert sess.restore_report.source == "interrupted"
+        before = history.read_bytes(), state.read_bytes()
+        release.set()
+        assert await anyio.to_thread.run_sync(finished.wait, 60)
+    assert (history.read_bytes(), state.read_bytes()) == before
