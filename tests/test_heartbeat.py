@@ -314,6 +314,7 @@ async def test_a_session_tells_the_runner_its_commits_not_its_restores(
         os.close(write_end)
     began = [r for r in reports if isinstance(r, _channel.SessionBegan)]
     assert [b.stop_grace_secs for b in began] == [120.0, 120.0] and began[0].chief
+    assert [b.logdir for b in began] == [os.path.abspath(logdir)] * 2  # read after the attempt
     commits = [(r.session, r.step) for r in reports if isinstance(r, _channel.Commit)]
     # The fresh start's checkpoint, two saves, the final save; the restore of 5: nothing.
     assert commits == [(began[0].session, step) for step in (0, 2, 4, 5)]

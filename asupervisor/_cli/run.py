@@ -41,10 +41,11 @@ a NaN loss, a logdir another live run holds; 126/127: the command cannot run) an
 interrupted (130).
 
 The restart budget is refilled by this run's progress: a failure of an attempt that
-committed a checkpoint (its session says so on its channel; a restore is not one, and
-what another process writes into the logdir never counts) costs nothing and restarts
-at once; --max-failures failures in a row without one are a crash loop. Between those,
-the restart waits --backoff seconds, doubling up to --max-backoff.
+committed a checkpoint (as the logdir's history records it with this run and attempt,
+read once the attempt's processes ended, or as its session said first on its channel; a
+restore is not one, and what another process writes into the logdir never counts) costs
+nothing and restarts at once; --max-failures failures in a row without one are a crash
+loop. Between those, the restart waits --backoff seconds, doubling up to --max-backoff.
 
 Liveness: each process gets a pipe to the supervisor (ASUPERVISOR_CHANNEL) on which
 its session reports its heartbeat, its commits, and the writes it could not make

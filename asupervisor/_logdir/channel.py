@@ -11,7 +11,8 @@ One JSON object per line, each with its ``kind``:
 
 - ``ready``: a warm standby has imported its modules (``_run/standby.py`` writes it by
   hand: it imports nothing of this package before it is ready);
-- ``session``: a session began in the process (its id, its ``stop_grace_secs``);
+- ``session``: a session began in the process (its id, its ``stop_grace_secs``, and a
+  chief's logdir: the runner reads the commits of the attempt from its history);
 - ``beat``: the session's heartbeat (``heartbeat.Beat``), every ``heartbeat_secs``;
 - ``commit``: the session committed a checkpoint (its own save; a restore is not one);
 - ``unwritten``: a heartbeat or ledger write of the session failed (reported once per
@@ -57,6 +58,9 @@ class SessionBegan:
     pid: int
     chief: bool
     stop_grace_secs: float
+    # Where a chief's session commits (its history records each commit with the run and
+    # attempt): what the runner reads after the attempt, whatever reached the channel.
+    logdir: str | None = None
 
 
 @dataclass(frozen=True)

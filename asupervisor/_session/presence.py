@@ -36,7 +36,7 @@ from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
 from .._logdir.history import read_history
-from .._logdir.store import Store
+from .._logdir.store import Store, is_object_store
 from .._outcome import Ending
 from .services import spawn
 
@@ -93,9 +93,20 @@ class Presence:
         self._running = True
         sv = self._rt.sv
         self._tell(
-            _channel.SessionBegan(self.session_id, os.getpid(), sv.is_chief, sv.stop_grace_secs)
+            _channel.SessionBegan(
+                self.session_id, os.getpid(), sv.is_chief, sv.stop_grace_secs, self._commits_to()
+            )
         )
         spawn(self._beat_forever, "asupervisor-heartbeat")
+
+    def _commits_to(self) -> str | None:
+        """The logdir this session commits to (a chief's), as the runner finds it: the
+        runner reads the attempt's commits from its history, whatever reached the channel
+        before the process ended. Absolute: the process may change its directory."""
+        logdir = self._rt.sv.logdir
+        if self._store is None or logdir is None:
+            return None
+        return logdir if is_object_store(logdir) else os.path.abspath(logdir)
 
     def started(self, report: RestoreReport) -> None:
         """The session has restored (or begun fresh): its ledger line."""
