@@ -277,7 +277,7 @@ class AttemptResult:
     interrupted: bool  # a hard stop (a second SIGINT) killed every child at once
     first_failure: ChildEnd | None  # the first child that failed: the cause of the rest
     # Its commits as the history on disk records them, read once every child had ended
-    # (``progress``); None: not read (its channel told a commit, or nothing turns on it).
+    # (``progress``); None: not read (no logdir known, or nothing turns on it).
     recorded: Recorded | None = None
 
     @property

@@ -7,7 +7,7 @@ runner's judgement of a failed attempt reads the history of each logdir the atte
 sessions commit to (each chief's session says where on its channel as it begins;
 ``--logdir`` too) once every process of the attempt has ended: the commits the history
 records with this run and this attempt (``History.saved_by``: saves, never a restore).
-The channel is the fast path: when it told a commit, nothing is read.
+The channel is the fast path: what it told counts too (a history that cannot be read).
 
 Bounded: the reads run in a worker thread, given up on after ``READ_SECS`` (an object
 store out of reach); a logdir that cannot be read is said, never a reason to fail. No

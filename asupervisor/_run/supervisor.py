@@ -294,10 +294,12 @@ class ProcessSupervisor:
         return Outcome.PREEMPTED.exit_status
 
     async def _with_history(self, result: AttemptResult) -> AttemptResult:
-        """A failed attempt whose channel told no commit: its commits as the history on
-        disk records them (a kill may have come between a commit and its report)."""
+        """A failed attempt (one the budget judges): its commits as the history on disk
+        records them (a kill may have come between a commit and its report; the newest
+        commit too). A local history is one small file: read even when the channel told
+        a commit already."""
         logdirs = [*([self.config.logdir] if self.config.logdir else []), *result.logdirs]
-        if not restartable(result) or result.progressed or not logdirs:
+        if not restartable(result) or not logdirs:
             return result
         found = await recorded(logdirs, self.run_id, result.number)
         for unread in found.unread:
