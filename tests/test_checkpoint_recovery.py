@@ -368,7 +368,12 @@ async def test_a_chief_whose_lock_file_is_taken_away_stops_before_its_next_save(
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-0")  # nothing after
 
 
-async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> None:
+async def test_orphaned_checkpoints_are_committed_then_swept(
+    logdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asupervisor._logdir.history import read_history
+    from asupervisor._logdir.store import Store
+
     await train(logdir, 8)  # saves at 0, 2, 4, 6, 8
     # An older logdir (no history: derived from the state file), as if killed after
     # writing 8 but before the state file named it, and in the middle of a sweep of 2.
@@ -376,6 +381,8 @@ async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> Non
     state = [os.path.join(logdir, f"model.ckpt-{s}") for s in (0, 4, 6)]
     tf.compat.v1.train.update_checkpoint_state(logdir, state[-1], all_model_checkpoint_paths=state)
     pair = Pair()
+    monkeypatch.setenv("ASUPERVISOR_RUN", "r")  # as `asupervisor run` starts it
+    monkeypatch.setenv("ASUPERVISOR_ATTEMPT", "2")
     async with make(logdir, pair, max_to_keep=2).session() as sess:
         assert sess.restore_report.step == 8  # complete: the newest, restored
         assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-8")  # and committed
@@ -385,6 +392,10 @@ async def test_orphaned_checkpoints_are_committed_then_swept(logdir: str) -> Non
         int(n.split("-")[1].split(".")[0]) for n in os.listdir(logdir) if n.endswith(".index")
     )
     assert on_disk == [10, 12]  # no orphan left behind
+    # The attempt's progress (what the runner reads): its saves, not the orphan it adopted.
+    history = read_history(Store(logdir))
+    assert [c.step for c in history.saved_by("r", 2)] == [10, 12]
+    assert [c.step for c in history.commits if c.adopted] == [8]
 
 
 async def test_a_deleted_newest_index_is_logged_as_a_fallback(

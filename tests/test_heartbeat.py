@@ -314,6 +314,7 @@ async def test_a_session_tells_the_runner_its_commits_not_its_restores(
         os.close(write_end)
     began = [r for r in reports if isinstance(r, _channel.SessionBegan)]
     assert [b.stop_grace_secs for b in began] == [120.0, 120.0] and began[0].chief
+    assert [b.logdir for b in began] == [os.path.abspath(logdir)] * 2  # read after the attempt
     commits = [(r.session, r.step) for r in reports if isinstance(r, _channel.Commit)]
     # The fresh start's checkpoint, two saves, the final save; the restore of 5: nothing.
     assert commits == [(began[0].session, step) for step in (0, 2, 4, 5)]
@@ -370,3 +371,193 @@ async def test_ledger_lines_a_cancelled_write_never_began_are_written_by_the_nex
                 limiter.release_on_behalf_of(borrower)
     events = [r["event"] for r in _ledger.read(Store(logdir))]
     assert events == ["start", "first_step", "end"], events
+
+
+class Channel:
+    """The runner's end of a session's channel, in-process: the reports and their lines."""
+
+    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+        from asupervisor._logdir import channel as _channel
+
+        self._channel = _channel
+        self.read_end, self.write_end = os.pipe()
+        os.set_blocking(self.read_end, False)
+        monkeypatch.setenv(_channel.ENV, str(self.write_end))
+        self.lines: list[bytes] = []
+        self.reports: list[Any] = []
+        self._receiver = _channel.Receiver()
+
+    def read(self) -> list[Any]:
+        """What came since the last read (a pipe holds 64 KiB: read while it runs)."""
+        try:
+            chunk = os.read(self.read_end, 1 << 20)
+        except BlockingIOError:
+            return []
+        self.lines += chunk.splitlines()
+        new = self._receiver.feed(chunk)
+        self.reports += new
+        return new
+
+    def beats(self) -> list[Beat]:
+        return [r for r in self.reports if isinstance(r, Beat)]
+
+    def close(self) -> None:
+        os.close(self.read_end)
+        os.close(self.write_end)
+
+
+@pytest.fixture
+def channel(monkeypatch: pytest.MonkeyPatch) -> Iterator[Channel]:
+    found = Channel(monkeypatch)
+    yield found
+    found.close()
+
+
+async def reading(channel: Channel, fn: Any, *args: Any) -> Any:
+    """``await fn(*args)`` while the channel is read every 20 ms (as the runner reads)."""
+    async with anyio.create_task_group() as tg:
+
+        async def read() -> None:
+            while True:
+                channel.read()
+                await anyio.sleep(0.02)
+
+        tg.start_soon(read)
+        result = await fn(*args)
+        tg.cancel_scope.cancel()
+    channel.read()
+    return result
+
+
+def sleeps(xs: list[int], secs: float) -> None:
+    time.sleep(secs)
+
+
+@pytest.mark.anyio
+async def test_a_job_with_a_long_name_is_cut_in_its_beats_and_the_beats_go_on(
+    logdir: str, pair: Pair, channel: Channel, events: list[dict[str, Any]]
+) -> None:
+    import functools
+    import select
+
+    job = functools.partial(sleeps, [0] * 2000)  # its repr: about 6 KB
+    async with pair_supervisor(logdir, pair, heartbeat_secs=0.05).session() as sess:
+        await sess.run(pair.step)
+        await reading(channel, anyio.sleep, 0.1)
+        channel.reports.clear()
+        await reading(channel, sess.run, job, 0.4)
+    busy = [b for b in channel.beats() if b.busy_since is not None]
+    assert busy, channel.reports  # the runner heard the session while the job ran
+    assert all(b.job is not None and b.job.startswith("functools.partial(") for b in busy), [
+        b.job[:100] for b in busy if b.job
+    ]
+    assert all(len(line) + 1 <= select.PIPE_BUF for line in channel.lines)
+    assert not named(events, "heartbeat.failed"), named(events, "heartbeat.failed")
+
+
+@pytest.mark.anyio
+async def test_heartbeat_secs_0_writes_no_heartbeat_file_and_still_beats_on_the_runners_channel(
+    logdir: str, pair: Pair, channel: Channel
+) -> None:
+    async with pair_supervisor(logdir, pair, heartbeat_secs=0).session() as sess:
+        await sess.run(pair.step)
+        await sess.run(pair.step)  # commits at 2
+        await reading(channel, anyio.sleep, 2.3)  # more than the channel's interval
+        heard = list(channel.reports)
+    channel.read()
+    assert not os.path.exists(os.path.join(logdir, _heartbeat.NAME))  # 0: no file
+    running = [b for b in heard if isinstance(b, Beat) and b.phase is Phase.RUNNING]
+    assert running and running[-1].interval_secs > 0, heard
+    # The runner judges it alive, and hears its commits with its beats (before its end).
+    assert not judge(running[-1], running[-1].written_at, 10, 60, still_running=True).stale
+    assert 2 in [r.step for r in heard if type(r).__name__ == "Commit"], heard
+    assert channel.beats()[-1].outcome is asv.Outcome.DONE
+
+
+@pytest.mark.anyio
+async def test_a_long_save_or_call_is_no_step_that_does_not_end_and_a_long_step_is(
+    logdir: str, pair: Pair, channel: Channel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asupervisor._checkpointing.writer import Writer
+
+    commit = Writer._commit
+
+    def slow_commit(self: Writer, name: str, record: Any) -> None:
+        time.sleep(0.6)  # a large state on a slow disk
+        commit(self, name, record)
+
+    def judged(beats: list[Beat]) -> list[Verdict]:  # as `asupervisor run --stuck-after 0.3`
+        return [judge(b, b.written_at, 0.3, 60, still_running=True) for b in beats]
+
+    sv = pair_supervisor(logdir, pair, heartbeat_secs=0.05)
+    async with sv.session() as sess:
+        await sess.run(pair.step)
+        monkeypatch.setattr(Writer, "_commit", slow_commit)
+        await reading(channel, sess.run, pair.step)  # step 2: a periodic save of 0.6 s
+        await sess.run(pair.step)
+        await reading(channel, sess.save_checkpoint)  # a save asked for, at 3
+        monkeypatch.setattr(Writer, "_commit", commit)
+        await reading(channel, sess.call, time.sleep, 0.6)  # a long call
+        other = [b for b in channel.beats() if b.busy_since is not None]
+        channel.reports.clear()
+        await reading(channel, sess.run, time.sleep, 0.6)  # a long training step
+        step = [b for b in channel.beats() if b.busy_since is not None]
+    assert not any(v.stale for v in judged(other)), judged(other)
+    long = [b for b in other if b.busy_since is not None and b.written_at - b.busy_since > 0.3]
+    assert len(long) >= 3 and not any(b.training for b in long), long
+    long = [v for v in judged(step) if v.stale]
+    assert long and all("sleep has run for" in v.why for v in long), judged(step)
+    assert all("a training step that does not end" in v.why for v in long)
+
+
+def test_work_that_is_no_training_step_gets_the_longer_deadline() -> None:
+    now = time.time()
+    save = beat(busy_since=now - 50, job="save", training=False)
+    assert not judge(save, now, 10, 60).stale
+    verdict = judge(save, now, 10, 40)
+    assert verdict.stale and verdict.limit_secs == 40, verdict
+    assert "save has run for 50.0 s (limit 40 s" in verdict.why
+    assert "work on the training thread that does not end" in verdict.why
+    assert judge(beat(busy_since=now - 50, job="train_step"), now, 10, 60).stale
+    # An older writer's beat says nothing of it: its busy work is judged as a step.
+    raw = {k: v for k, v in beat(busy_since=now - 50).as_dict().items() if k != "training"}
+    assert judge(Beat.from_json(json.dumps(raw).encode()), now, 10, 60).stale
+
+
+def test_every_report_fits_one_pipe_write_whatever_its_texts_hold() -> None:
+    import select
+
+    from asupervisor._logdir import channel as _channel
+
+    for text in ["x" * 10_000, "é" * 5000, "\x00\u2028" * 3000, "😀" * 3000]:
+        reports = [
+            beat(host=text, session=text, worker=text, job=text),
+            _channel.SessionBegan(text, 1, True, 1.0, logdir=text),
+            _channel.Commit(text, 1, 1.0),
+            _channel.Unwritten(text, text),
+        ]
+        for report in reports:
+            line = _channel.encode(report)
+            assert len(line) <= select.PIPE_BUF, (type(report), len(line))
+            back = _channel.decode(line)
+            assert type(back) is type(report), line[:200]
+        began = _channel.decode(_channel.encode(reports[1]))
+        assert isinstance(began, _channel.SessionBegan) and began.logdir is None  # not cut
+    short = _channel.SessionBegan("s", 1, True, 1.0, logdir="/runs/x")
+    assert _channel.decode(_channel.encode(short)) == short
+
+
+def test_health_run_and_the_api_say_one_rule_for_long_work_that_is_no_training_step(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    said = {}
+    for command in ("run", "health"):
+        with pytest.raises(SystemExit):
+            main([command, "--help"])
+        said[command] = " ".join(capsys.readouterr().out.split())
+    api = " ".join((Path(__file__).parents[1] / "docs" / "API.md").read_text().split())
+    rule = "a save, a sess.call, an epoch's end, a rollback's restore"
+    assert rule in said["run"] and rule in said["health"]
+    assert rule.replace("sess.call", "`sess.call`") in api
+    assert "one training step" in said["health"] and "training step" in said["run"]
+    assert "any work on the training thread" not in said["health"] + api

@@ -722,3 +722,49 @@ async def test_a_process_reports_on_its_channel_and_its_end_is_seen(tmp_path: Pa
     assert heard == [_channel.Commit("s", 5, 1.0), _channel.Ready(0.5)]
     assert (proc.heard.commits, proc.heard.committed, proc.returncode) == (1, 5, 0)
     assert ended == [proc]
+
+
+# A chief's commit as a session makes it (the library's own catalog: the history names
+# the checkpoint, with this run and attempt), then a SIGKILL before the session told the
+# runner of it on its channel (a session tells its commits with its next beat).
+COMMITS_THEN_KILLED = """
+    import json, os, signal, sys
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.history import Provenance
+    from asupervisor._logdir.records import Record
+    from asupervisor._logdir.store import Store
+
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    session = f"s{attempt}"
+    began = {"kind": "session", "session": session, "pid": os.getpid(), "chief": True,
+             "stop_grace_secs": 1.0, "logdir": logdir}
+    os.write(int(os.environ["ASUPERVISOR_CHANNEL"]), (json.dumps(began) + "\\n").encode())
+    if attempt == 4:
+        sys.exit(0)
+    catalog = Catalog(Store(logdir), "model.ckpt", writer=True,
+                      provenance=Provenance.of_session(session))
+    catalog.load()
+    catalog.commit(f"model.ckpt-{100 * attempt}", Record(100 * attempt, 0.0))
+    os.kill(os.getpid(), signal.SIGKILL)  # 30 steps later: no beat since the commit
+"""
+
+
+@pytest.mark.parametrize("start", ["cold", "standby"])
+def test_a_restart_after_a_kill_soon_after_a_commit_is_progress_at_once(
+    tmp_path: Path, start: str
+) -> None:
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    script = child(tmp_path, COMMITS_THEN_KILLED)
+    warm = ["--standby", "--preload", "asupervisor._logdir.catalog"] if start == "standby" else []
+    # No --logdir: the runner learns where its sessions commit from their channel.
+    run = supervisor(*warm, "--backoff", "0.05", "--", sys.executable, script, str(logdir))
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    restarts = [line for line in err.splitlines() if "run.restarting" in line]
+    assert len(restarts) == 3, err
+    for number, line in enumerate(restarts, start=1):
+        assert f"attempt={number + 1} " in line and f"committed={100 * number} " in line, line
+        assert "progress='yes (costs nothing)' failures_without_progress=0/3 in_secs=0.0" in line
+    if start == "standby":
+        assert err.count("start=standby") + err.count("still importing") == 4, err

@@ -178,6 +178,10 @@ def test_the_step_deadline_is_the_watchdogs_if_it_runs_and_the_runners_if_it_wat
     assert step_deadline(sv, watchdog=True, watched=True) == 6  # three beats at least
     assert step_deadline(sv, watchdog=True, watched=False) == 7  # inherited: no one watches
     assert step_deadline(sv, watchdog=False, watched=False) is None  # no watchdog runs
+    # heartbeat_secs=0: no file, and the channel's beats every 2 s, as the runner judges them.
+    off = asv.Supervisor(None, heartbeat_secs=0, handle_signals=False)
+    monkeypatch.setenv("ASUPERVISOR_STUCK_AFTER", "1")
+    assert step_deadline(off, watchdog=False, watched=True) == 6
     for bad in ("", "0", "-1", "nan", "soon"):
         monkeypatch.setenv("ASUPERVISOR_STUCK_AFTER", bad)
         assert step_deadline(sv, watchdog=False, watched=True) is None, bad

@@ -41,16 +41,20 @@ a NaN loss, a logdir another live run holds; 126/127: the command cannot run) an
 interrupted (130).
 
 The restart budget is refilled by this run's progress: a failure of an attempt that
-committed a checkpoint (its session says so on its channel; a restore is not one, and
-what another process writes into the logdir never counts) costs nothing and restarts
-at once; --max-failures failures in a row without one are a crash loop. Between those,
-the restart waits --backoff seconds, doubling up to --max-backoff.
+committed a checkpoint (as the logdir's history records it with this run and attempt,
+read once the attempt's processes ended, or as its session said first on its channel; a
+restore is not one, and what another process writes into the logdir never counts) costs
+nothing and restarts at once; --max-failures failures in a row without one are a crash
+loop. Between those, the restart waits --backoff seconds, doubling up to --max-backoff.
 
 Liveness: each process gets a pipe to the supervisor (ASUPERVISOR_CHANNEL) on which
-its session reports its heartbeat, its commits, and the writes it could not make
-elsewhere (reported, never a reason to kill). A child whose heartbeat stops, or whose
-step runs longer than --stuck-after, is stuck: the stop signal, SIGKILL 10 s later,
-and a restart. A process that still runs --stuck-after after its session ended is
+its session reports its heartbeat (also with heartbeat_secs=0: every 2 s), its
+commits, and the writes it could not make elsewhere (reported, never a reason to
+kill). A child whose heartbeat stops, or whose training step runs longer than
+--stuck-after, is stuck: the stop signal, SIGKILL 10 s later, and a restart. Other work
+on the training thread (a save, a sess.call, an epoch's end, a rollback's restore), and
+all of it before the first step has ended and during the final checkpoint, is bounded
+by --startup-timeout instead. A process that still runs --stuck-after after its session ended is
 stopped the same way, and its end is passed on with its session's status (a done run
 stays done).
 
@@ -108,10 +112,11 @@ examples:
     timeoutSeconds: 30
 
 A run is stale when its heartbeat is older than --max-age (its event loop is blocked,
-or the process is frozen or gone), or when one step (any work on the training thread)
-has run longer than that. Before the first step has ended (restore, tracing) and while
-the session stops (the final checkpoint), --startup-max-age applies instead. A session
-that has ended is healthy (the process may do other work after it).
+or the process is frozen or gone), or when one training step has run longer than that.
+Other work on the training thread (a save, a sess.call, an epoch's end, a rollback's
+restore), and all of it before the first step has ended (restore, tracing) and while
+the session stops (the final checkpoint), is bounded by --startup-max-age instead. A
+session that has ended is healthy (the process may do other work after it).
 
 exit status:
   0  alive, or the session has ended
@@ -217,7 +222,8 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         type=_positive,
         default=300.0,
         metavar="SECS",
-        help="a child whose heartbeat is older, or whose step has run longer, is stuck: "
+        help="a child whose heartbeat is older, or whose training step has run longer, is "
+        "stuck: "
         "stopped, killed after 10 s, and restarted; a process that still runs this long "
         "after its session ended is stopped, its session's status passed on (default: 300)",
     )
@@ -226,8 +232,9 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         type=_positive,
         default=900.0,
         metavar="SECS",
-        help="the same before the first step has ended (imports, restore, tracing) and "
-        "during the final checkpoint (default: 900)",
+        help="the same for other work on the training thread (a save, a sess.call, an "
+        "epoch's end, a rollback's restore), before the first step has ended (imports, "
+        "restore, tracing) and during the final checkpoint (default: 900)",
     )
     run.add_argument(
         "--no-heartbeat",
@@ -275,7 +282,9 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         type=_positive,
         default=None,
         metavar="SECS",
-        help="(default: 3 x --max-age)",
+        help="the same for other work on the training thread (a save, a sess.call, an "
+        "epoch's end, a rollback's restore), before the first step has ended and while "
+        "the session stops (default: 3 x --max-age)",
     )
     health.add_argument(
         "--timeout",

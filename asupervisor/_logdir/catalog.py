@@ -154,6 +154,7 @@ class Catalog:
                     branch=len(history.rollbacks),
                     foreign=order is None,
                     **asdict(self.provenance),
+                    adopted=True,
                 )
             )
             head = seq

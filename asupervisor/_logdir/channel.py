@@ -11,13 +11,17 @@ One JSON object per line, each with its ``kind``:
 
 - ``ready``: a warm standby has imported its modules (``_run/standby.py`` writes it by
   hand: it imports nothing of this package before it is ready);
-- ``session``: a session began in the process (its id, its ``stop_grace_secs``);
+- ``session``: a session began in the process (its id, its ``stop_grace_secs``, and a
+  chief's logdir: the runner reads the commits of the attempt from its history);
 - ``beat``: the session's heartbeat (``heartbeat.Beat``), every ``heartbeat_secs``;
 - ``commit``: the session committed a checkpoint (its own save; a restore is not one);
 - ``unwritten``: a heartbeat or ledger write of the session failed (reported once per
   file).
 
-A line is at most ``PIPE_BUF`` bytes, so that writes from two threads never mix.
+A line is at most ``PIPE_BUF`` bytes, so that writes from two threads never mix, and
+every report fits one: each text in it (a job's name, a host, an error) takes at most
+``FIELD_BYTES``, cut with a mark past that (a path that would be cut is left out: a cut
+path names another place). A report too long to send would silence a healthy process.
 """
 
 from __future__ import annotations
@@ -57,6 +61,9 @@ class SessionBegan:
     pid: int
     chief: bool
     stop_grace_secs: float
+    # Where a chief's session commits (its history records each commit with the run and
+    # attempt): what the runner reads after the attempt, whatever reached the channel.
+    logdir: str | None = None
 
 
 @dataclass(frozen=True)
@@ -87,15 +94,36 @@ _KINDS: dict[type[Any], Kind] = {
 }
 
 
+FIELD_BYTES = 512  # a text's JSON in a report: a beat's four texts and its numbers fit
+CUT = "..."
+PATHS = frozenset({"logdir"})  # left out, not cut, when too long
+
+
 def encode(report: Report) -> bytes:
-    """One line for ``report``."""
+    """One line for ``report``, at most ``MAX_LINE`` bytes whatever its texts hold."""
     if isinstance(report, Beat):
-        body: dict[str, Any] = {"beat": report.as_dict()}
-    elif isinstance(report, Unwritten):  # an error's text can be long: the line is bounded
-        body = {"path": report.path[:1000], "error": report.error[:1000]}
+        body: dict[str, Any] = {"beat": _bounded(report.as_dict())}
     else:
-        body = dict(report.__dict__)
+        body = _bounded(dict(report.__dict__))
     return (json.dumps({"kind": _KINDS[type(report)].value, **body}) + "\n").encode()
+
+
+def _bounded(fields: dict[str, Any]) -> dict[str, Any]:
+    """Each text cut to ``FIELD_BYTES`` of JSON (a path too long: ``None``)."""
+    out = dict(fields)
+    for key, value in fields.items():
+        if isinstance(value, str) and len(json.dumps(value)) > FIELD_BYTES:
+            out[key] = None if key in PATHS else cut(value, FIELD_BYTES)
+    return out
+
+
+def cut(text: str, limit: int) -> str:
+    """``text`` with its end cut off and marked, so that its JSON takes at most ``limit``
+    bytes (a character takes one to six)."""
+    keep = len(text)
+    while keep > 0 and (excess := len(json.dumps(text[:keep] + CUT)) - limit) > 0:
+        keep = max(0, keep - excess)  # each character left out takes a byte at least
+    return text[:keep] + CUT
 
 
 def decode(line: bytes) -> Report | None:

@@ -11,8 +11,15 @@ The fields are chosen so that both kinds of hang show from outside:
   worker thread). A blocked loop, a frozen or dead process writes no more: the beat
   ages.
 - ``busy_since``: when the work now on the training thread (one step, a save, a
-  ``sess.call``) began. A step that never ends leaves the beats coming, with this
-  time falling behind.
+  ``sess.call``) began, and ``training``: whether it is a training step. A step that
+  never ends leaves the beats coming, with this time falling behind.
+
+**The one rule** (``judge``): the step deadline (``--stuck-after``, ``--max-age``) bounds
+the age of the beat and one training step; every other work on the training thread (a
+save, a ``sess.call``, an epoch's end, a rollback's restore), like start-up (before the
+first step has ended) and the stop (the final checkpoint), is bounded by the longer
+deadline (``--startup-timeout``, ``--startup-max-age``): a long save is not a step that
+does not end.
 
 Times are wall-clock seconds (``time.time()``): the reader is another process, maybe
 on another host (an object-store logdir); hosts' clocks must agree to well within the
@@ -76,6 +83,10 @@ class Beat:
     outcome: Outcome | None = None  # the last beat of a session says how it ended
     exit_status: int | None = None
     version: int = VERSION
+    # The busy work is a training step (not a save, a call, an epoch's end, a restore):
+    # the step deadline bounds it, the longer one other work. An older writer's beat
+    # does not say: judged as a step.
+    training: bool = True
 
     @property
     def ended(self) -> bool:
@@ -144,9 +155,10 @@ def judge(
     """Judge a beat at wall-clock time ``now``.
 
     ``max_age`` bounds the age of the beat (the event loop answers within it in every
-    phase) and the time one step (or any work on the training thread) may take;
-    ``startup_max_age`` bounds that work instead before the first step has ended
-    (restore, tracing) and while the session stops (the final save). A session that has
+    phase) and the time one training step may take; ``startup_max_age`` bounds any other
+    work on the training thread (a save, a call, an epoch's end, a restore), and every
+    work before the first step has ended (restore, tracing) and while the session stops
+    (the final save). A session that has
     ended is healthy, unless the reader knows its process ``still_running``: a process
     whose session ended must end too, and its last beat may be ``max_age`` old, no more
     (a new session in it beats again).
@@ -164,7 +176,7 @@ def judge(
         return Verdict(False, said, age_limit if still_running else 0.0)
     # The loop is never busy for long in any phase (start-up and the stop run on the
     # training thread): a beat older than max_age is a blocked loop or a lost process.
-    long = beat.phase in _LONG_PHASES or not beat.first_step_done
+    long = beat.phase in _LONG_PHASES or not beat.first_step_done or not beat.training
     busy_limit = max(startup_max_age if long else max_age, 3 * beat.interval_secs)
     where = f"{beat.phase.value}, step {beat.step}"
     if age > age_limit:
@@ -176,10 +188,11 @@ def judge(
         )
     if beat.busy_since is not None and beat.written_at - beat.busy_since > busy_limit:
         busy = now - beat.busy_since
+        what = "a training step" if beat.training else "work on the training thread"
         return Verdict(
             True,
             f"{beat.job or 'work on the training thread'} has run for {busy:.1f} s "
-            f"(limit {busy_limit:g} s; {where}): a step that does not end",
+            f"(limit {busy_limit:g} s; {where}): {what} that does not end",
             busy_limit,
         )
     limit = busy_limit

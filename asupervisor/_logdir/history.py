@@ -9,9 +9,11 @@ run has, in which order, which is the latest and which are good:
   made), its name and step, when it was made, its health (``True``: its loss and the
   state it saved were finite; ``False``: one was not; ``None``: not known, a checkpoint
   adopted from disk or an older logdir's), its metrics, and who made it (the session, and
-  ``asupervisor run``'s run and attempt). ``kept`` says where it is: ``listed`` (named by
-  the state file), ``preserved`` (kept every N hours: on disk, no longer listed, as
-  ``tf.train.CheckpointManager`` keeps it) or ``gone`` (swept).
+  ``asupervisor run``'s run and attempt: what the runner reads as an attempt's progress;
+  ``adopted``: a restore committed files a kill had left uncommitted, no save of its
+  own). ``kept`` says where it is: ``listed`` (named by the state file), ``preserved``
+  (kept every N hours: on disk, no longer listed, as ``tf.train.CheckpointManager``
+  keeps it) or ``gone`` (swept).
 - **The head** is the latest: what a restart restores first, what the state file names
   as ``model_checkpoint_path`` (so ``tf.train.latest_checkpoint`` agrees), never "the
   highest step".
@@ -120,6 +122,7 @@ class Commit:
     session: str | None = None
     run: str | None = None
     attempt: int | None = None
+    adopted: bool = False  # committed by a restore (files a kill left uncommitted): no save
 
     @property
     def on_disk(self) -> bool:
@@ -232,6 +235,11 @@ class History:
         """The rollbacks of the run after a divergence (what ``max_rollbacks`` counts)."""
         return [r for r in self.rollbacks if r.kind == "divergence"]
 
+    def saved_by(self, run: str, attempt: int) -> list[Commit]:
+        """The commits ``asupervisor run``'s ``run`` made in its ``attempt`` by saving
+        (any ``kept``, abandoned too; never an orphan a restore adopted): its progress."""
+        return [c for c in self.commits if c.run == run and c.attempt == attempt and not c.adopted]
+
     def head_step(self) -> int | None:
         head = self.head_commit()
         return None if head is None else head.step
@@ -289,6 +297,7 @@ def _commit_of(raw: Mapping[str, Any]) -> Commit:
         session=None if raw.get("session") is None else str(raw["session"]),
         run=None if raw.get("run") is None else str(raw["run"]),
         attempt=None if raw.get("attempt") is None else int(raw["attempt"]),
+        adopted=bool(raw.get("adopted", False)),
     )
 
 

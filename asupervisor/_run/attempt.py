@@ -21,6 +21,7 @@ import anyio
 from .._logdir.heartbeat import judge
 from .._outcome import Outcome
 from .process import Proc
+from .progress import Recorded
 from .statuses import describe_status, outcome_of, shell_status, worst_outcome
 
 STUCK_KILL_SECS = 10.0  # a stuck child's time between the stop signal and SIGKILL
@@ -186,6 +187,7 @@ class Child:
             at=self.stuck_at or self.proc.exited_at or time.monotonic(),
             grace_secs=limits.grace_secs,
             tail=tuple(self.proc.tail),
+            logdirs=tuple(heard.logdirs),
         )
 
 
@@ -230,11 +232,12 @@ class ChildEnd:
     lingering: str | None  # why the runner stopped it after its session had ended
     session_started: bool  # a session began in it (its channel said so)
     reached_step: int | None  # the step its last beat showed
-    commits: int  # checkpoints it committed (its own saves)
+    commits: int  # checkpoints it committed (its own saves), as its channel told
     committed: int | None  # the newest of them
     at: float  # time.monotonic() when it failed (judged stuck) or exited
     grace_secs: float
     tail: tuple[str, ...] = ()
+    logdirs: tuple[str, ...] = ()  # where its chief sessions commit, as they said
 
     @property
     def how(self) -> str:
@@ -273,6 +276,9 @@ class AttemptResult:
     stop_requested: bool
     interrupted: bool  # a hard stop (a second SIGINT) killed every child at once
     first_failure: ChildEnd | None  # the first child that failed: the cause of the rest
+    # Its commits as the history on disk records them, read once every child had ended
+    # (``progress``); None: not read (no logdir known, or nothing turns on it).
+    recorded: Recorded | None = None
 
     @property
     def statuses(self) -> list[int]:
@@ -295,12 +301,24 @@ class AttemptResult:
 
     @property
     def progressed(self) -> bool:
-        """This attempt committed a checkpoint: the run went forward."""
-        return any(end.commits for end in self.ends)
+        """This attempt committed a checkpoint: the run went forward. Its sessions told so
+        on their channels (the fast path), or the history records it (the fact: a kill
+        may come between a commit and its report)."""
+        told = any(end.commits for end in self.ends)
+        return told or (self.recorded is not None and self.recorded.commits > 0)
 
     @property
     def committed(self) -> int | None:
-        return max((e.committed for e in self.ends if e.committed is not None), default=None)
+        """The newest step this attempt committed, told or recorded."""
+        told = [e.committed for e in self.ends if e.committed is not None]
+        if self.recorded is not None and self.recorded.newest is not None:
+            told.append(self.recorded.newest)
+        return max(told, default=None)
+
+    @property
+    def logdirs(self) -> list[str]:
+        """Where its sessions commit, as they said (each once)."""
+        return list(dict.fromkeys(logdir for end in self.ends for logdir in end.logdirs))
 
     @property
     def reached_step(self) -> int | None:

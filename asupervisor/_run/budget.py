@@ -3,9 +3,10 @@ give up (with which status). Pure: no process, no clock; its one piece of state 
 count of failures in a row without progress.
 
 What counts as progress is decided here once: the attempt committed a checkpoint (its
-own session's commit, reported on its channel; never a restore, and never what another
-process wrote into the logdir). A failure after progress costs nothing and restarts at
-once; ``max_failures`` failures in a row without it are a crash loop.
+own session's save, as the history on disk records it with this run and attempt, or as
+its channel told first; never a restore, and never what another process wrote into the
+logdir: ``AttemptResult.progressed``). A failure after progress costs nothing and
+restarts at once; ``max_failures`` failures in a row without it are a crash loop.
 """
 
 from __future__ import annotations
@@ -45,6 +46,12 @@ class GiveUp:
     crash_loop: bool = False  # the budget is spent (a report says why)
 
 
+def restartable(attempt: Ended) -> bool:
+    """The attempt ended in a way a restart may change, and no stop came: what happens
+    next turns on its progress."""
+    return not attempt.stop_requested and attempt.outcome in RESTARTED
+
+
 class RestartBudget:
     def __init__(self, max_failures: int, backoff_secs: float, max_backoff_secs: float) -> None:
         if max_failures < 1:
@@ -58,7 +65,7 @@ class RestartBudget:
         """The decision after ``attempt``; the one place the count changes."""
         if attempt.interrupted:
             return GiveUp(Outcome.INTERRUPTED.exit_status)
-        if attempt.stop_requested or attempt.outcome not in RESTARTED:
+        if not restartable(attempt):
             return GiveUp(attempt.status)  # a stop, or an ending no restart changes
         if attempt.progressed:
             self.failures = 0

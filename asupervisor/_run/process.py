@@ -39,12 +39,15 @@ class Heard:
     commits: int = 0  # checkpoints its sessions committed (their own saves, never a restore)
     committed: int | None = None  # the newest of them
     unwritten: list[_channel.Unwritten] = field(default_factory=list)  # one per file
+    logdirs: list[str] = field(default_factory=list)  # where its chief sessions commit
 
     def take(self, report: _channel.Report) -> None:
         if isinstance(report, _channel.Ready):
             self.ready_at, self.import_secs = time.monotonic(), report.seconds
         elif isinstance(report, _channel.SessionBegan):
             self.session = report
+            if report.logdir is not None and report.logdir not in self.logdirs:
+                self.logdirs.append(report.logdir)
         elif isinstance(report, Beat):
             self.beat = report
         elif isinstance(report, _channel.Commit):

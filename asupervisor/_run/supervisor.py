@@ -8,8 +8,10 @@ together, with a restart budget that this run's progress refills. The parts:
   exited; its ``AttemptResult`` holds the facts (who the runner stopped and why, who it
   killed, what each committed) and each child's status is decided once from them.
 - ``RestartBudget`` (``budget.py``): after each attempt, restart (and when) or give up.
-  Progress is a checkpoint an attempt committed, as its session reported on its channel:
-  what another process writes into the logdir never refills this run's budget.
+  Progress is a checkpoint an attempt committed, as the logdir's history records it with
+  this run and attempt (``progress.py``, read once the attempt's processes ended) or as
+  its session told first on its channel: what another process writes into the logdir
+  never refills this run's budget.
 - ``Standby`` (``standbys.py``): one interpreter that imported TensorFlow once and forks
   every start of the run (the runner adopts each: it is their subreaper).
 - The channel (``_logdir/channel``): each process the runner starts gets a pipe; its
@@ -35,6 +37,7 @@ reads the logdir, to name its newest checkpoint).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import os
 import resource
@@ -52,8 +55,9 @@ from .._logdir import heartbeat as _heartbeat
 from .._outcome import Outcome
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
-from .budget import GiveUp, RestartBudget
+from .budget import GiveUp, RestartBudget, restartable
 from .process import Proc, adopt, spawn
+from .progress import recorded
 from .standbys import Standby, standby_plan
 from .statuses import describe_status, outcome_of, shell_status
 
@@ -265,7 +269,7 @@ class ProcessSupervisor:
         while not control.stop_requested.is_set():
             number += 1
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
-            result = await attempt.monitor()
+            result = await self._with_history(await attempt.monitor())
             self.history.append(result)
             self._said_exits(result)
             decision = budget.after(result)
@@ -288,6 +292,19 @@ class ProcessSupervisor:
         if control.hard_stop.is_set():
             return Outcome.INTERRUPTED.exit_status
         return Outcome.PREEMPTED.exit_status
+
+    async def _with_history(self, result: AttemptResult) -> AttemptResult:
+        """A failed attempt (one the budget judges): its commits as the history on disk
+        records them (a kill may have come between a commit and its report; the newest
+        commit too). A local history is one small file: read even when the channel told
+        a commit already."""
+        logdirs = [*([self.config.logdir] if self.config.logdir else []), *result.logdirs]
+        if not restartable(result) or not logdirs:
+            return result
+        found = await recorded(logdirs, self.run_id, result.number)
+        for unread in found.unread:
+            self.say("run.history_unread", attempt=result.number, why=unread)
+        return dataclasses.replace(result, recorded=found)
 
     def _limits(self) -> Limits:
         config = self.config

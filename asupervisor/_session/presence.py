@@ -3,7 +3,9 @@
 One task on the event loop writes the heartbeat every ``heartbeat_secs`` (see
 ``_heartbeat`` for the fields and why), and the ledger lines when they come; the file
 I/O runs in a worker thread, never on the loop or the training thread. So a loop that
-something blocks stops the beats, which is how it is seen from outside.
+something blocks stops the beats, which is how it is seen from outside. With
+``heartbeat_secs=0`` no heartbeat file is written; under ``asupervisor run`` the beats
+still go down the channel, every ``CHANNEL_BEAT_SECS`` (the runner judges by them).
 
 Only a chief that holds the logdir's lock writes into the logdir; any process also
 writes the local file ``ASUPERVISOR_HEARTBEAT`` names, if set, and reports to
@@ -36,13 +38,16 @@ from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
 from .._logdir.history import read_history
-from .._logdir.store import Store
+from .._logdir.store import Store, is_object_store
 from .._outcome import Ending
 from .services import spawn
 
 if TYPE_CHECKING:
     from .._checkpointing.checkpointer import RestoreReport
     from .runtime import SessionRuntime
+
+
+CHANNEL_BEAT_SECS = 2.0  # the channel's beats when heartbeat_secs=0 (its default)
 
 
 def _now_iso() -> str:
@@ -64,9 +69,12 @@ class Presence:
         self._rt = rt
         sv = rt.sv
         self.session_id = uuid.uuid4().hex[:12]
-        self.interval = sv.heartbeat_secs
         self.env_path = os.environ.get(_heartbeat.ENV_FILE) or None
         self.channel = _channel.sender()
+        # heartbeat_secs=0 turns the heartbeat files off. The runner's channel is memory,
+        # not a write, and the runner judges liveness by the beats on it: they go on.
+        self.writes_beats = sv.heartbeat_secs > 0
+        self.interval = sv.heartbeat_secs or (CHANNEL_BEAT_SECS if self.channel else 0.0)
         self._store = Store(sv.logdir) if sv.logdir is not None and sv.is_chief else None
         self._host = socket.gethostname()
         self._started_at = time.time()
@@ -93,9 +101,20 @@ class Presence:
         self._running = True
         sv = self._rt.sv
         self._tell(
-            _channel.SessionBegan(self.session_id, os.getpid(), sv.is_chief, sv.stop_grace_secs)
+            _channel.SessionBegan(
+                self.session_id, os.getpid(), sv.is_chief, sv.stop_grace_secs, self._commits_to()
+            )
         )
         spawn(self._beat_forever, "asupervisor-heartbeat")
+
+    def _commits_to(self) -> str | None:
+        """The logdir this session commits to (a chief's), as the runner finds it: the
+        runner reads the attempt's commits from its history, whatever reached the channel
+        before the process ended. Absolute: the process may change its directory."""
+        logdir = self._rt.sv.logdir
+        if self._store is None or logdir is None:
+            return None
+        return logdir if is_object_store(logdir) else os.path.abspath(logdir)
 
     def started(self, report: RestoreReport) -> None:
         """The session has restored (or begun fresh): its ledger line."""
@@ -179,7 +198,7 @@ class Presence:
         async with self._lock:
             owns_logdir = self._store is not None and self._rt.lock is not None
             lines, self._pending = (self._pending if owns_logdir else []), []
-            raw = None if beat is None else beat.to_json()
+            raw = None if beat is None or not self.writes_beats else beat.to_json()
             began = False
 
             def write() -> None:
@@ -253,6 +272,7 @@ class Presence:
             written_at=time.time(),
             busy_since=None if busy is None else wall(busy.step_started_at),
             job=None if busy is None else busy.job.name,
+            training=busy is not None and busy.training,
             last_step_at=self._seen[1],
             last_commit_step=None if checkpointer is None else checkpointer.last_saved_step,
             last_commit_at=None if checkpointer is None else wall(checkpointer.last_saved_at),

@@ -40,7 +40,7 @@ from . import shutdown as _shutdown
 from . import startup as _startup
 from .checkpoints import SessionCheckpoints
 from .loopwatch import LoopWatch
-from .presence import Presence
+from .presence import CHANNEL_BEAT_SECS, Presence
 from .services import Registration, ServiceGroup
 from .signals import SignalListener
 from .stoppath import StopPath
@@ -63,8 +63,8 @@ def step_deadline(sv: Supervisor, watchdog: bool, watched: bool) -> float | None
     if sv.step_timeout_secs is not None and watchdog:
         found.append(sv.step_timeout_secs)
     runner = _heartbeat.stuck_after_from_env() if watched else None
-    if runner is not None:
-        found.append(max(runner, 3 * sv.heartbeat_secs))
+    if runner is not None:  # the runner's judge: at least three beats of the channel's
+        found.append(max(runner, 3 * (sv.heartbeat_secs or CHANNEL_BEAT_SECS)))
     return min(found, default=None)
 
 
