@@ -392,6 +392,20 @@ class StopPath:
     def closed(self) -> None:
         self.move(Phase.CLOSED)
 
+    def exit_error(self, *, second_interrupt: bool) -> BaseException | None:
+        """What the session raises as it exits: what its ending says; and, when a second
+        SIGINT came after the ending was decided (``second_interrupt``: its listener heard
+        one) and the ending raises nothing, a ``KeyboardInterrupt``: the user's "now"
+        holds whatever the phase, and the program does not go on after the block."""
+        ending = self.ending
+        raised = None if ending is None else ending.raised
+        if raised is None and second_interrupt and ending is not None:
+            return KeyboardInterrupt(
+                f"a second SIGINT as the session ended ({ending.outcome.value}, its end "
+                "recorded): the program stops at once"
+            )
+        return raised
+
 
 def _leaves(exc: BaseException) -> list[BaseException]:
     """The exceptions inside (nested) exception groups; an ordinary one is its own leaf."""
