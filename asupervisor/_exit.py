@@ -290,6 +290,19 @@ class _Program:
         os._exit(status)
 
 
+def end_process(ending: Ending) -> None:
+    """End the process now, from a thread beside an event loop that is held and cannot
+    return (``_session/held.py``), once the session's end is on record: its ending's
+    status, or 130 after a second SIGINT, as ``asv.run`` would have returned."""
+    from ._session.signals import interrupts
+
+    status = status_of(None, ending, _signal, interrupts() >= 2)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
 def _at_once(action: Callable[[], object]) -> None:
     action()
 

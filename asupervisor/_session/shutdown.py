@@ -31,7 +31,6 @@ async def close(rt: SessionRuntime) -> None:
     stop = rt.stop
     rt.flag.unbind()
     rt.services.close()  # no service starts in a session that is over
-    rt.loopwatch.stop()
     rt.thread.stop()  # jobs still queued are dropped; a running one is fenced
     # The last events: written (or said lost) before the ending is decided, which seals
     # the stop flag: a failure reported after it could only be logged.
@@ -64,6 +63,7 @@ async def close(rt: SessionRuntime) -> None:
     if stop.stuck is None and not stop.interrupted:
         await _off_loop(rt.thread.join, stop.closing(), stop.closing())
     rt.coord.close_session()
+    rt.loopwatch.stop()  # it bounds a loop held during the close too: it goes last
     stop.closed()
     # Stop signals that came while it stopped: for a handler of the application's own.
     hand_on(stop.late_signals)

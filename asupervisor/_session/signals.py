@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -85,6 +86,9 @@ class SignalListener:
         # A second SIGINT reached this listener (set in the signal handler itself, so
         # that one whose callback the loop has not run yet is known all the same).
         self.interrupted = False
+        # When the first signal reached it (monotonic), set in the handler: the stop it
+        # asks for may wait in the loop's queue behind code that holds the loop.
+        self.first_at: float | None = None
 
     def install(self) -> bool:
         """Listen; ``False`` (and nothing done) off the main thread."""
@@ -134,6 +138,8 @@ class SignalListener:
         (``_dispatch`` counts them for the process)."""
         name = signal.Signals(signum).name
         self.received.append(name)
+        if self.first_at is None:
+            self.first_at = time.monotonic()
         if second_interrupt:
             self.interrupted = True
         action = self._immediate if second_interrupt else self._graceful

@@ -314,9 +314,33 @@ class StopPath:
 
     # -- the ending ------------------------------------------------------------------
 
+    def held(
+        self,
+        job: str,
+        signal_name: str | None,
+        *,
+        step: int,
+        unsaved_steps: int,
+        last_saved_step: int | None,
+    ) -> Ending:
+        """From the loop watch's thread, the loop held past the grace: ``job`` (what holds
+        it) is the work that outlived the grace, and the ending is decided now (stuck);
+        the phase stays where the held loop left it. ``signal_name``: the stop signal the
+        session's handler heard that the held loop never took (the stop it asked for)."""
+        if signal_name is not None and not self.signals:
+            self.signals.append((signal_name, self.phase))
+            self._flag.set(None, StopReason.SIGNAL)
+        self.stuck = job
+        now = time.monotonic()
+        self.deadline = now if self.deadline is None else min(self.deadline, now)
+        return self.end(step=step, unsaved_steps=unsaved_steps, last_saved_step=last_saved_step)
+
     def end(self, *, step: int, unsaved_steps: int, last_saved_step: int | None) -> Ending:
         """Decide, once, how the session ended, from what happened; the stop flag is
-        sealed, so an error reported from now on is raised in its reporter."""
+        sealed, so an error reported from now on is raised in its reporter. Decided once:
+        a later call (the close of a loop that a held-loop ending raced) gets the same."""
+        if self.ending is not None:
+            return self.ending
         error, reason = self._flag.seal()
         signal_name, signal_phase = self.signals[0] if self.signals else (None, None)
         if self._cancelled_by is not None and signal_name is None:
