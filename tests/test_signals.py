@@ -485,7 +485,7 @@ def test_a_loop_held_past_the_grace_ends_the_process_stuck_with_the_blockers_sta
     from asupervisor._logdir.store import Store
 
     path, logdir = tmp_path / "held.py", str(tmp_path / "run")
-    done = forked.run_script(path, HELD_LOOP, logdir, backend, timeout=28)
+    done = forked.run_script(path, HELD_LOOP, logdir, backend)
     assert done.returncode == asv.Outcome.STUCK.exit_status == 124, done.stderr[-3000:]
     assert "slept" not in done.stdout
     assert "in holds_the_loop" in done.stderr and "time.sleep(30)" in done.stderr
