@@ -50,17 +50,27 @@ def outside_signal() -> str | None:
 
 
 def status_of(
-    error: BaseException | None, ending: Ending | None = None, signalled: str | None = None
+    error: BaseException | None,
+    ending: Ending | None = None,
+    signalled: str | None = None,
+    interrupted: bool = False,
 ) -> int:
     """The exit status of a program that ended with ``error`` (``None``: it returned),
-    after ``ending`` (its last session's, if any) and ``signalled`` (a stop signal that
-    came while no session listened, if one did).
+    after ``ending`` (its last session's, if any), ``signalled`` (a stop signal that
+    came while no session listened, if one did) and ``interrupted`` (a second SIGINT
+    came while it ran).
+
+    A second SIGINT is the user's "now": 130, whatever the phase it came in (while a
+    session ran or stopped, after its ending was decided, outside any session) and
+    whatever else happened.
 
     The session's own error (``ending.raised``, also inside the exception group of a task
     group around the session, or the cancellation that ended it, which asyncio re-makes
     on its way out) has the ending's status; another error its own
     outcome's; a program that returned has its last session's, and a stop signal makes
     one that would have been done a preemption (a failure stays a failure)."""
+    if interrupted:
+        return Outcome.INTERRUPTED.exit_status
     if error is not None:
         raised = None if ending is None else ending.raised
         if ending is not None and raised is not None:
@@ -81,10 +91,10 @@ def _holds(error: BaseException, raised: BaseException) -> bool:
     return False
 
 
-def _program_status(error: BaseException | None) -> int:
+def _program_status(error: BaseException | None, interrupted: bool) -> int:
     with _lock:
         ending = _last
-    return status_of(error, ending, _signal)
+    return status_of(error, ending, _signal, interrupted)
 
 
 def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio") -> int:
@@ -94,8 +104,9 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
 
     For the program's whole run, SIGTERM and SIGINT that come while no session listens
     (before the first session, between two, after the last) cancel ``main`` at its next
-    ``await``: the program was preempted (42); a second SIGINT raises
-    ``KeyboardInterrupt`` there, as Python would. Once ``main`` has ended, the process
+    ``await``: the program was preempted (42); a second SIGINT, whenever it comes (in a
+    session, as one stops, after it, outside any), ends the program interrupted (130), by
+    ``KeyboardInterrupt`` as Python would outside a session. Once ``main`` has ended, the process
     ends within ``EXIT_SECS``: if the event loop, or a thread it left that would hold the
     interpreter's exit, has not ended by then, ``process.exit_forced`` is logged and the
     process exits at once (``os._exit``) with the same status.
@@ -120,8 +131,8 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
     except KeyboardInterrupt as exc:  # a second SIGINT while the process ends
         error = exc
     finally:
-        program.over()
-    status = _program_status(error)
+        interrupted = program.over()
+    status = _program_status(error, interrupted)
     _signal = None  # the program is over: no later session is preempted by its signal
     return status
 
@@ -137,6 +148,7 @@ class _Program:
         self._call: Callable[[Callable[[], object]], None] | None = None  # the loop's
         self._scope: Any = None  # main's cancel scope
         self._error: BaseException | None = None  # what main raised
+        self._now = False  # a second SIGINT came through the loop: main is interrupted
         self._ended_at: float | None = None
         self._over = threading.Event()  # run() is returning: the bound is off
         self._before = set(threading.enumerate())
@@ -147,9 +159,19 @@ class _Program:
     def listen(self) -> None:
         self._listener.install()  # nothing, off the main thread
 
-    def over(self) -> None:
+    def over(self) -> bool:
+        """The program is over: the bound is off and its listener goes. Whether a second
+        SIGINT came while it ran (counted while its listener was installed)."""
         self._over.set()
+        interrupted = self.interrupted()
         self._listener.restore()
+        return interrupted
+
+    def interrupted(self) -> bool:
+        """A second SIGINT came while the program ran (whichever listener heard it)."""
+        from ._session.signals import interrupts
+
+        return self._listener.installed and interrupts() >= 2
 
     async def run(self) -> None:
         import anyio
@@ -163,6 +185,8 @@ class _Program:
                 if _signal is not None:  # it came before the loop ran
                     scope.cancel()
                 await self._main(*self._args)
+            if self._now:  # a second SIGINT handed to main through the loop
+                raise KeyboardInterrupt("a second SIGINT")
         except BaseException as exc:
             self._error = exc
             raise
@@ -188,7 +212,21 @@ class _Program:
             log.warning("signal.received", signal=name, action="end the program (preempted)")
 
     def _interrupted(self, name: str) -> None:
-        signal.default_int_handler(signal.SIGINT, None)  # raises KeyboardInterrupt, as Python
+        """A second SIGINT: ``KeyboardInterrupt`` raised where the program is, as Python
+        would; but inside trio's own machinery (its scheduler waiting for events), where
+        it would abandon the run with no ``finally`` of main run, main gets it at its next
+        ``await`` instead, as trio's own handler does."""
+        call = self._call
+        if call is not None and self._ended_at is None and _in_trio_machinery():
+            call(self._interrupt_main)
+            return
+        signal.default_int_handler(signal.SIGINT, None)  # raises KeyboardInterrupt
+
+    def _interrupt_main(self) -> None:
+        """On the loop: main ends at its next ``await``, with ``KeyboardInterrupt``."""
+        self._now = True
+        if self._scope is not None:
+            self._scope.cancel()
 
     # -- the bound ---------------------------------------------------------------------
 
@@ -234,7 +272,7 @@ class _Program:
         """End the process now, with the status it would have ended with."""
         from ._log import log
 
-        status = _program_status(error)
+        status = _program_status(error, self.interrupted())
         with _lock:
             ending = _last
         abandoned = [] if ending is None else [f"service:{n}" for n in ending.abandoned]
@@ -252,8 +290,30 @@ class _Program:
         os._exit(status)
 
 
+def end_process(ending: Ending) -> None:
+    """End the process now, from a thread beside an event loop that is held and cannot
+    return (``_session/held.py``), once the session's end is on record: its ending's
+    status, or 130 after a second SIGINT, as ``asv.run`` would have returned."""
+    from ._session.signals import interrupts
+
+    status = status_of(None, ending, _signal, interrupts() >= 2)
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):
+            stream.flush()
+    os._exit(status)
+
+
 def _at_once(action: Callable[[], object]) -> None:
     action()
+
+
+def _in_trio_machinery() -> bool:
+    """In a signal handler: whether the code it interrupted is trio's own (protected from
+    ``KeyboardInterrupt``), not a task's."""
+    trio = sys.modules.get("trio")
+    if trio is None or not trio.lowlevel.in_trio_run():
+        return False
+    return bool(trio.lowlevel.currently_ki_protected())
 
 
 def exit_status(outcome: Outcome | None) -> int:

@@ -264,11 +264,27 @@ def _check_logdir(logdir: Any) -> str | None:
     path = os.fspath(logdir)
     if not isinstance(path, str):
         raise ValueError(f"logdir must be a text path, not {logdir!r}")
+    if "\x00" in path:  # no file system takes it: refused here, not at the first write
+        raise ValueError(f"logdir {path!r} contains a NUL character")
     if is_object_store(path):
         return _check_object_store(path)
     if os.path.exists(path) and not os.path.isdir(path):
         raise ValueError(f"logdir {path!r} exists and is not a directory")
+    _check_parents(path)
     return path
+
+
+def _check_parents(path: str) -> None:
+    """A local logdir is made at the session's start: the nearest of its parents that
+    exists must be a directory, or it never can be (checked on disk, never on a store)."""
+    parent = os.path.dirname(os.path.abspath(path))
+    while not os.path.exists(parent):
+        above = os.path.dirname(parent)
+        if above == parent:
+            return
+        parent = above
+    if not os.path.isdir(parent):
+        raise ValueError(f"logdir {path!r} cannot be made: {parent!r} is a file")
 
 
 def _check_object_store(path: str) -> str:

@@ -213,3 +213,7 @@ def test_the_sessions_own_error_has_its_status_wherever_it_escapes() -> None:
     assert status_of(None, done) == 0 and status_of(None, done, "SIGTERM") == 42
     assert status_of(None, None, "SIGTERM") == 42  # no session yet
     assert status_of(None, failed, "SIGTERM") == 1  # a failure stays a failure
+    # A second SIGINT is the user's "now": 130 whatever the session's ending or the error.
+    preempted = replace(done, outcome=Outcome.PREEMPTED)
+    for error, ending in ((None, preempted), (None, done), (expired, stuck), (None, None)):
+        assert status_of(error, ending, "SIGINT", interrupted=True) == 130

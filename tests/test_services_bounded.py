@@ -67,6 +67,46 @@ async def test_a_service_that_blocks_the_loop_is_named(
     assert resumed["seconds"] >= 0.3
 
 
+@pytest.mark.anyio
+async def test_the_loop_watch_decides_a_loop_held_past_a_stops_grace_is_stuck(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """Held with no stop asked for: only a stall. Held once a stop was asked for: when the
+    grace is spent, the watch hands on what holds the loop, with its whole stack."""
+    from asupervisor._session import loopwatch as _loopwatch
+    from asupervisor._training.thread import loop_caller
+
+    monkeypatch.setattr(_loopwatch, "STALL_SECS", 0.3)
+    asked: list[float | None] = [None]
+    held: list[tuple[str, str, str]] = []
+    handed = threading.Event()
+
+    def end(held_by: str, where: str, stack: str) -> None:
+        held.append((held_by, where, stack))
+        handed.set()
+
+    watch = _loopwatch.LoopWatch(
+        loop_caller(), grace_secs=0.2, stop_asked_at=lambda: asked[0], held=end
+    )
+    watch.start()
+    try:
+        time.sleep(0.8)  # the loop held, no stop asked for
+        await anyio.sleep(0)
+        assert held == []
+        asked[0] = time.monotonic()
+
+        def blocks_the_loop() -> None:
+            handed.wait(30)  # held until the watch has decided (bounded for a broken one)
+
+        blocks_the_loop()
+    finally:
+        watch.stop()
+    ((held_by, where, stack),) = held
+    assert held_by == "the session body or another task"
+    assert where.endswith("in wait")  # the innermost line: threading's own
+    assert "in blocks_the_loop" in stack and "handed.wait(30)" in stack
+
+
 SWALLOWS = textwrap.dedent(
     """
     import sys

@@ -371,3 +371,125 @@ def test_a_second_sigint_outside_a_session_interrupts_the_program_at_once(
     done = around_a_session(tmp_path, backend, "twice_before")
     assert done.returncode == 130, done.stderr[-3000:]
     assert "KeyboardInterrupt" in done.stderr and "prepared" not in done.stdout
+
+
+TWO_SIGINTS = textwrap.dedent(
+    """
+    import os, signal, sys, threading, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    logdir, backend, when = sys.argv[1:4]
+    v = tf.Variable(0.0)
+
+
+    def sigint():
+        os.kill(os.getpid(), signal.SIGINT)
+
+
+    class SecondWhileFinishing(asv.Hook):
+        def end(self, session):  # the first SIGINT's stop is under way: the hooks' end
+            if when == "while_finishing":
+                sigint()
+                time.sleep(1.0)
+
+
+    async def main():
+        sv = asv.Supervisor(logdir, checkpoint={"v": v}, hooks=[SecondWhileFinishing()],
+                            save_model_secs=0, save_model_steps=1000, save_summaries_secs=0)
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                if sess.global_step == 3:
+                    sigint()
+                    if when == "50ms_apart":
+                        threading.Timer(0.05, sigint).start()
+                await anyio.sleep(0.01)
+        print("after the block", sess.outcome.value, sess.global_step, flush=True)
+        if when == "after_the_session":  # the session has ended (preempted): the program
+            threading.Timer(0.05, sigint).start()  # goes on, and the loop waits
+        await anyio.sleep(30)
+        print("slept", flush=True)
+
+    sys.exit(asv.run(main, backend=backend))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+@pytest.mark.parametrize("when", ["while_finishing", "after_the_session", "50ms_apart"])
+def test_a_second_sigint_ends_the_program_interrupted_whatever_the_phase(
+    tmp_path: Path, backend: str, when: str
+) -> None:
+    """A second SIGINT is the user's "now": 130, whether it comes while the session stops,
+    after it ended (preempted, its final checkpoint written), or 50 ms after the first."""
+    path, logdir = tmp_path / "twice.py", str(tmp_path / "run")
+    done = forked.run_script(path, TWO_SIGINTS, logdir, backend, when)
+    assert done.returncode == 130, (done.stdout, done.stderr[-3000:])
+    assert "slept" not in done.stdout  # the program did not go on for 30 s
+    if when == "after_the_session":
+        from asupervisor._logdir import ledger as _ledger
+        from asupervisor._logdir.store import Store
+
+        # The session's record is how the session ended: preempted, its final save done.
+        (session,) = _ledger.sessions(_ledger.read(Store(logdir)))
+        assert (session.outcome, session.exit_status) == ("preempted", 42)
+        step = int(done.stdout.split("after the block preempted ")[1].split()[0])
+        assert tf.train.latest_checkpoint(logdir).endswith(f"model.ckpt-{step}")
+
+
+HELD_LOOP = textwrap.dedent(
+    """
+    import os, signal, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+
+    logdir, backend = sys.argv[1:3]
+    v = tf.Variable(0.0)
+    sv = asv.Supervisor(logdir, checkpoint={"v": v}, stop_grace_secs=2, save_model_secs=0,
+                        save_model_steps=1000, save_summaries_secs=0)
+
+
+    @sv.service
+    async def holds_the_loop(sess):
+        while sess.global_step < 3:
+            await anyio.sleep(0.01)
+        print("holding at", sess.global_step, flush=True)
+        os.kill(os.getpid(), signal.SIGTERM)  # a stop, then code that blocks the loop
+        time.sleep(30)
+        print("slept", flush=True)
+
+
+    async def main():
+        async with sv.session() as sess:
+            while not sess.should_stop():
+                await sess.run(v.assign_add, 1.0)
+                await anyio.sleep(0.01)
+
+    sys.exit(asv.run(main, backend=backend))
+    """
+)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("backend", ["asyncio", "trio"])
+def test_a_loop_held_past_the_grace_ends_the_process_stuck_with_the_blockers_stack(
+    tmp_path: Path, backend: str
+) -> None:
+    """A service blocks the event loop (``time.sleep(30)``) after a stop: once the grace
+    (2 s) is spent with the loop still held, the process ends stuck (124), the blocker's
+    stack in its log, the final checkpoint written on the idle training thread and the
+    session's end on record. Bound by what happened: it ends before the sleep could."""
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.store import Store
+
+    path, logdir = tmp_path / "held.py", str(tmp_path / "run")
+    done = forked.run_script(path, HELD_LOOP, logdir, backend)
+    assert done.returncode == asv.Outcome.STUCK.exit_status == 124, done.stderr[-3000:]
+    assert "slept" not in done.stdout
+    assert "in holds_the_loop" in done.stderr and "time.sleep(30)" in done.stderr
+    step = int(done.stdout.split("holding at ")[1].split()[0])
+    assert tf.train.latest_checkpoint(logdir).endswith(f"model.ckpt-{step}")
+    (session,) = _ledger.sessions(_ledger.read(Store(logdir)))
+    assert (session.outcome, session.exit_status) == ("stuck", 124)

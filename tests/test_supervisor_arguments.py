@@ -105,6 +105,20 @@ def test_logdir_that_is_a_file_is_refused(tmp_path: Path) -> None:
         asv.Supervisor(str(path))
 
 
+@pytest.mark.parametrize("logdir", ["runs/a\x00b", "gs://bucket/a\x00b"])
+def test_a_logdir_with_a_nul_character_is_refused_at_construction(logdir: str) -> None:
+    with pytest.raises(ValueError, match=r"logdir .*NUL"):
+        asv.Supervisor(logdir)
+
+
+def test_a_logdir_under_a_file_is_refused_at_construction(tmp_path: Path) -> None:
+    (tmp_path / "file").write_text("not a directory")
+    for logdir in (tmp_path / "file" / "run", tmp_path / "file" / "deeper" / "run"):
+        with pytest.raises(ValueError, match=r"logdir .*'[^']*file' is a file"):
+            asv.Supervisor(logdir)
+    assert [p.name for p in tmp_path.iterdir()] == ["file"]
+
+
 def test_exclusive_hook_arguments() -> None:
     with pytest.raises(ValueError, match="num_steps or last_step"):
         StopAtStepHook()

@@ -7,6 +7,13 @@ the loop to answer every ``PING_SECS``; when an answer is ``STALL_SECS`` late it
 ``loop.stalled`` with the service whose code holds the loop (read from the loop
 thread's stack) and where, and ``loop.resumed`` with how long it lasted once the loop
 answers again.
+
+The watch thread also holds the stop to its bound when the loop cannot: once a stop has
+been asked for (``stop_asked_at``) and its grace has passed with the loop still held
+(``STALL_SECS`` without an answer), it decides, once, that the loop is stuck and hands
+the end of the process to ``held`` (``held.py``: the final save on the idle training
+thread, the session's end on record, then the process ends): the loop's thread cannot
+be interrupted, and nothing else would ever act.
 """
 
 from __future__ import annotations
@@ -15,6 +22,7 @@ import sys
 import threading
 import time
 import traceback
+from collections.abc import Callable
 from types import FrameType
 
 from .._log import log
@@ -25,9 +33,24 @@ PING_SECS = 0.25
 STALL_SECS = 2.0
 
 
+# Given the holder (``service:<name>`` or the body), its innermost line and the loop
+# thread's whole stack: ends the process (never returns, but in a test's stand-in).
+Held = Callable[[str, str, str], None]
+
+
 class LoopWatch:
-    def __init__(self, caller: LoopCaller) -> None:
+    def __init__(
+        self,
+        caller: LoopCaller,
+        *,
+        grace_secs: float = 0.0,
+        stop_asked_at: Callable[[], float | None] = lambda: None,
+        held: Held | None = None,
+    ) -> None:
         self._caller = caller
+        self._grace = grace_secs
+        self._stop_asked_at = stop_asked_at
+        self._held = held
         self._loop_thread = threading.get_ident()  # made on the loop: the loop's thread
         self._answered = time.monotonic()
         self._stop = threading.Event()
@@ -64,6 +87,25 @@ class LoopWatch:
             elif stalled_since is not None and late < PING_SECS * 2:
                 log.warning("loop.resumed", seconds=round(self._answered - stalled_since, 2))
                 stalled_since = None
+            if late >= STALL_SECS and self._past_grace():
+                self._end_held()
+                return
+
+    def _past_grace(self) -> bool:
+        """A stop was asked for and its grace has passed (the loop is held: asked then)."""
+        asked = self._stop_asked_at()
+        return (
+            self._held is not None and asked is not None and time.monotonic() >= asked + self._grace
+        )
+
+    def _end_held(self) -> None:
+        """The one decision that the loop is stuck: what holds it, and the end handed on."""
+        assert self._held is not None
+        frame = sys._current_frames().get(self._loop_thread)
+        held_by, where = holder(frame)
+        stack = "".join(traceback.format_stack(frame)) if frame is not None else "unknown"
+        del frame  # no cycle through the loop thread's frames
+        self._held(held_by, where, stack)
 
 
 def holder(frame: FrameType | None) -> tuple[str, str]:

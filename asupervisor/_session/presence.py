@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import os
 import socket
+import threading
 import time
 import uuid
 from datetime import datetime, timezone
@@ -143,6 +144,38 @@ class Presence:
         and exit status), written before the logdir's lock is released, waiting at most
         ``wait`` seconds."""
         self._scope.cancel()
+        if self._final is not ending:
+            self._end_line(ending)
+        if not self._running:
+            return
+        with anyio.move_on_after(wait):
+            await self._done.wait()  # a write in flight finishes first
+            await self._flush()
+
+    def record_now(self, ending: Ending, wait: float) -> None:
+        """From a thread beside an event loop that is held (the loop watch): the last beat
+        and the end line, written by a thread of their own, waited for at most ``wait``
+        seconds (a write of the beat task's, stuck with the loop, is not waited for)."""
+        if self._final is not ending:  # one end line, whichever path wrote it first
+            self._end_line(ending)
+        if not self._running:
+            return
+        self._observe()
+        beat = self._beat() if self.interval > 0 else None
+        if beat is not None:
+            self._tell(beat)
+        owns_logdir = self._store is not None and self._rt.lock is not None
+        lines, self._pending = (self._pending if owns_logdir else []), []
+        raw = None if beat is None else beat.to_json()
+        writer = threading.Thread(
+            target=self._write, args=(lines, raw, owns_logdir), name="asupervisor-record"
+        )
+        writer.daemon = True
+        writer.start()
+        writer.join(wait)
+
+    def _end_line(self, ending: Ending) -> None:
+        """The session has ended so: its ``end`` line, pending."""
         self._final = ending
         error = ending.error
         self._observe()  # the final save's commit, in the end line and on the channel
@@ -168,11 +201,6 @@ class Presence:
                 "committed_at": None if self._committed is None else self._committed[1],
             }
         )
-        if not self._running:
-            return
-        with anyio.move_on_after(wait):
-            await self._done.wait()  # a write in flight finishes first
-            await self._flush()
 
     # -- the writer ----------------------------------------------------------------------
 

@@ -121,7 +121,12 @@ class SessionRuntime:
             lambda: step_deadline(sv, timed_saves, self.presence.channel is not None),
             lambda: self.stepper.first_done is not None,
         )
-        self.loopwatch = LoopWatch(self.caller)
+        self.loopwatch = LoopWatch(
+            self.caller,
+            grace_secs=sv.stop_grace_secs,
+            stop_asked_at=self.stop_asked_at,
+            held=self._loop_held,
+        )
         self.presence = Presence(self)  # the heartbeat and the ledger
         self.checkpoints = SessionCheckpoints(
             sv,
@@ -215,6 +220,20 @@ class SessionRuntime:
             self.agreement.propose(DecisionKind.STOP, reason, self.step.value)
         except Exception as exc:
             self.fail(exc)
+
+    def stop_asked_at(self) -> float | None:
+        """When a stop was first asked for (monotonic): the stop flag's, or a stop signal's
+        that the held loop has not taken yet; ``None`` if none was."""
+        found = [self.flag.stopped_at]
+        if self.signals is not None:
+            found.append(self.signals.first_at)
+        return min((at for at in found if at is not None), default=None)
+
+    def _loop_held(self, held_by: str, where: str, stack: str) -> None:
+        """The loop watch's thread: the loop is held past the stop's grace."""
+        from .held import end_held
+
+        end_held(self, held_by, where, stack)
 
     def check_not_stopped(self, what: str) -> None:
         if self.flag.stopped:
@@ -365,3 +384,12 @@ class SessionRuntime:
         if self.checkpointer is not None:
             self.checkpointer.wait_for_write()  # the final save is on disk when we return
             self.after_step()
+
+    def save_final(self) -> None:
+        """Training thread, beside an event loop held past the grace (``held.py``): the
+        final checkpoint, on disk when it returns; no hook runs (their ``end`` belongs
+        to a stop that the loop could run)."""
+        self.checkpoints.save(final=True)
+        if self.checkpointer is not None:
+            self.checkpointer.wait_for_write()
+            self.checkpoints.saves_done(hooks=False)

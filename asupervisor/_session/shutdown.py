@@ -31,9 +31,6 @@ async def close(rt: SessionRuntime) -> None:
     stop = rt.stop
     rt.flag.unbind()
     rt.services.close()  # no service starts in a session that is over
-    if rt.signals is not None:
-        rt.signals.restore()  # from here on a signal is the program's, not this session's
-    rt.loopwatch.stop()
     rt.thread.stop()  # jobs still queued are dropped; a running one is fenced
     # The last events: written (or said lost) before the ending is decided, which seals
     # the stop flag: a failure reported after it could only be logged.
@@ -55,12 +52,18 @@ async def close(rt: SessionRuntime) -> None:
     _exit.ended(ending)
     # The last beat and the ledger's end line, while this session still holds the logdir.
     await rt.presence.close(ending, stop.recording())
+    # Only now, with the session's end on record, is a signal the program's: a second
+    # SIGINT until here was this session's (its "now"), never a KeyboardInterrupt
+    # raised by the program's handler into the middle of the close.
+    if rt.signals is not None:
+        rt.signals.restore()
     if rt.agreement is not None:
         await _off_loop(rt.agreement.close, stop.closing())
     await _off_loop(rt.guard.close, stop.closing())  # an object store's lease: I/O, off the loop
     if stop.stuck is None and not stop.interrupted:
         await _off_loop(rt.thread.join, stop.closing(), stop.closing())
     rt.coord.close_session()
+    rt.loopwatch.stop()  # it bounds a loop held during the close too: it goes last
     stop.closed()
     # Stop signals that came while it stopped: for a handler of the application's own.
     hand_on(stop.late_signals)
@@ -84,10 +87,12 @@ def unsaved_steps(rt: SessionRuntime) -> int:
 
 
 def raise_outcome(rt: SessionRuntime) -> None:
-    """Raise what the session's ending says it raises (nothing for a clean end)."""
-    ending = rt.stop.ending
-    if ending is not None and ending.raised is not None:
-        raise ending.raised
+    """Raise what the session's ending says it raises (nothing for a clean end), or the
+    ``KeyboardInterrupt`` of a second SIGINT that came once it was decided."""
+    heard = rt.signals is not None and rt.signals.interrupted
+    raised = rt.stop.exit_error(second_interrupt=heard)
+    if raised is not None:
+        raise raised
 
 
 async def _off_loop(fn: Callable[..., Any], timeout: float, *args: Any) -> Any:

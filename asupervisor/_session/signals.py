@@ -18,16 +18,23 @@ different ones: SLURM's requeue signal is usually SIGUSR1).
 A *fallback* listener (``asv.run``'s, for the program's whole run) hears a signal only
 when no session listens for it: before a session, between two, after the last.
 
-A stop signal that reaches a session while it is already stopping belongs to that
-session's ending (the stop it asks for is under way). Once the session's listener is
-gone it is raised again only for a handler of the application's own; never for a
-default, which would kill or interrupt a process whose session has just saved.
+A second SIGINT is the user's "now", whatever the phase: SIGINTs are counted for the
+process while any listener is installed (for ``asv.run``'s whole program, its fallback
+listener being one), not per session, so one that comes after a session's stop began,
+after its ending was decided or after it ended is a second one all the same.
+
+A SIGTERM (or a first SIGINT) that reaches a session while it is already stopping
+belongs to that session's ending (the stop it asks for is under way). Once the
+session's listener is gone it is raised again only for a handler of the application's
+own; never for a default, which would kill or interrupt a process whose session has
+just saved.
 """
 
 from __future__ import annotations
 
 import signal
 import threading
+import time
 from collections.abc import Callable
 from types import FrameType
 from typing import Any
@@ -53,6 +60,8 @@ _listeners: list[SignalListener] = []
 # For each signal, the levels of our dispatcher: the handler in force before it was
 # installed over it, and the listeners installed while that level is the top one.
 _levels: dict[int, list[tuple[Any, list[SignalListener]]]] = {}
+# SIGINTs that came while any listener was installed; back to 0 when the last one goes.
+_sigints = 0
 
 
 class SignalListener:
@@ -74,6 +83,12 @@ class SignalListener:
         self.fallback = fallback  # hears a signal only when no other listener does
         self.received: list[str] = []
         self.installed = False
+        # A second SIGINT reached this listener (set in the signal handler itself, so
+        # that one whose callback the loop has not run yet is known all the same).
+        self.interrupted = False
+        # When the first signal reached it (monotonic), set in the handler: the stop it
+        # asks for may wait in the loop's queue behind code that holds the loop.
+        self.first_at: float | None = None
 
     def install(self) -> bool:
         """Listen; ``False`` (and nothing done) off the main thread."""
@@ -97,6 +112,7 @@ class SignalListener:
 
     def restore(self) -> None:
         """Stop listening; the last listener to go puts the process's handlers back."""
+        global _sigints
         if not self.installed:
             return
         self.installed = False
@@ -114,21 +130,38 @@ class SignalListener:
                         signal.signal(sig, handler)
                 if not levels:
                     _levels.pop(sig, None)
+            if not _listeners:
+                _sigints = 0
 
-    def deliver(self, signum: int) -> None:
+    def deliver(self, signum: int, second_interrupt: bool = False) -> None:
+        """In the signal handler: ``second_interrupt`` is a SIGINT that had one before it
+        (``_dispatch`` counts them for the process)."""
         name = signal.Signals(signum).name
         self.received.append(name)
-        second_interrupt = signum == signal.SIGINT and self.received.count("SIGINT") >= 2
+        if self.first_at is None:
+            self.first_at = time.monotonic()
+        if second_interrupt:
+            self.interrupted = True
         action = self._immediate if second_interrupt else self._graceful
         self._caller(lambda: action(name))
 
 
 def _dispatch(signum: int, frame: FrameType | None) -> None:
+    global _sigints
     with _lock:
         listeners = [listener for listener in _listeners if signum in listener.signals]
+        if signum == signal.SIGINT:
+            _sigints += 1
+        second_interrupt = signum == signal.SIGINT and _sigints >= 2
     sessions = [listener for listener in listeners if not listener.fallback]
     for listener in sessions or listeners:
-        listener.deliver(signum)
+        listener.deliver(signum, second_interrupt)
+
+
+def interrupts() -> int:
+    """How many SIGINTs came while a listener was installed (since the first of those
+    installed now; ``asv.run``'s program listens for its whole run)."""
+    return _sigints
 
 
 def hand_on(signums: list[int]) -> None:

@@ -314,9 +314,33 @@ class StopPath:
 
     # -- the ending ------------------------------------------------------------------
 
+    def held(
+        self,
+        job: str,
+        signal_name: str | None,
+        *,
+        step: int,
+        unsaved_steps: int,
+        last_saved_step: int | None,
+    ) -> Ending:
+        """From the loop watch's thread, the loop held past the grace: ``job`` (what holds
+        it) is the work that outlived the grace, and the ending is decided now (stuck);
+        the phase stays where the held loop left it. ``signal_name``: the stop signal the
+        session's handler heard that the held loop never took (the stop it asked for)."""
+        if signal_name is not None and not self.signals:
+            self.signals.append((signal_name, self.phase))
+            self._flag.set(None, StopReason.SIGNAL)
+        self.stuck = job
+        now = time.monotonic()
+        self.deadline = now if self.deadline is None else min(self.deadline, now)
+        return self.end(step=step, unsaved_steps=unsaved_steps, last_saved_step=last_saved_step)
+
     def end(self, *, step: int, unsaved_steps: int, last_saved_step: int | None) -> Ending:
         """Decide, once, how the session ended, from what happened; the stop flag is
-        sealed, so an error reported from now on is raised in its reporter."""
+        sealed, so an error reported from now on is raised in its reporter. Decided once:
+        a later call (the close of a loop that a held-loop ending raced) gets the same."""
+        if self.ending is not None:
+            return self.ending
         error, reason = self._flag.seal()
         signal_name, signal_phase = self.signals[0] if self.signals else (None, None)
         if self._cancelled_by is not None and signal_name is None:
@@ -391,6 +415,20 @@ class StopPath:
 
     def closed(self) -> None:
         self.move(Phase.CLOSED)
+
+    def exit_error(self, *, second_interrupt: bool) -> BaseException | None:
+        """What the session raises as it exits: what its ending says; and, when a second
+        SIGINT came after the ending was decided (``second_interrupt``: its listener heard
+        one) and the ending raises nothing, a ``KeyboardInterrupt``: the user's "now"
+        holds whatever the phase, and the program does not go on after the block."""
+        ending = self.ending
+        raised = None if ending is None else ending.raised
+        if raised is None and second_interrupt and ending is not None:
+            return KeyboardInterrupt(
+                f"a second SIGINT as the session ended ({ending.outcome.value}, its end "
+                "recorded): the program stops at once"
+            )
+        return raised
 
 
 def _leaves(exc: BaseException) -> list[BaseException]:

@@ -279,6 +279,20 @@ class TrainingThread:
         job.wake(notify)
         self._jobs.put(job)
 
+    def run_beside(self, job: Job, timeout: float) -> bool:
+        """From a thread of the session's own beside a held event loop (the loop watch):
+        run ``job`` on the training thread, waiting at most ``timeout`` seconds; ``False``
+        (and the job fenced) if it did not end by then or was never run."""
+        done = threading.Event()
+        try:
+            self._enter(job, done.set)
+        except SessionClosed:
+            return False
+        if not done.wait(timeout):
+            job.abandon(fence=True)
+            return False
+        return not job.skipped and job.error is None
+
     async def run(self, fn: Callable[..., Any], *args: Any, **kwargs: Any) -> Any:
         """Run ``fn(*args, **kwargs)`` on the training thread and return its result."""
         return await self.run_job(Job(fn, args, kwargs))
