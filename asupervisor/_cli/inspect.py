@@ -192,8 +192,8 @@ def describe_beat(beat: Beat, now: float) -> str:
     where = f"pid {beat.pid} on {beat.host}"
     if beat.outcome is not None:
         return (
-            f"session ended ({beat.outcome.value}, exit status {beat.exit_status}) at step "
-            f"{beat.step}, {age:.0f} s ago ({where})"
+            f"session ended ({beat.outcome.value}, exit status {beat.exit_status}) "
+            f"{beat.at_step}, {age:.0f} s ago ({where})"
         )
     busy = (
         "" if beat.busy_since is None else f"; {beat.job} running for {now - beat.busy_since:.1f} s"
