@@ -345,6 +345,8 @@ async def test_data_changed_between_sessions_is_read_anew_never_the_old_data(
     assert len(again.seen) == 28 and all(x >= 100 for x in again.seen)
     (skip,) = named(events, "data.resume_by_skip")
     assert skip["reason"] == "the pipeline changed"
+    (changed,) = named(events, "run.changed")
+    assert changed["changed"] == ["the data pipeline of epoch 0"]
 
 
 async def test_the_same_pipeline_built_again_restores_its_state(

@@ -226,6 +226,7 @@ class Reader:
             # IteratorGetNext at every restart. Not restored: the position is reached by
             # skipping in the pipeline given now.
             self._why = CHANGED
+            log.warning("run.changed", changed=[f"the data pipeline of epoch {key}"], hint=None)
             return None
         iterator = iter(source)
         spec = _spec(source)
@@ -286,6 +287,12 @@ class Reader:
         if why not in self._told:
             self._told.add(why)
             log.info("data.not_saveable", reason=why, resume="by Dataset.skip")
+
+    def pipeline(self) -> str:
+        """The fingerprint of the pipeline read now, or of the state kept ("": none)."""
+        if self.current is not None:
+            return self.current.pipeline
+        return self.kept.pipeline if self.kept is not None else ""
 
     def advance(self, batches: int) -> None:
         """The position counted ``batches`` more (read from the iterator open now)."""
