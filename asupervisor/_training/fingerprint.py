@@ -31,6 +31,7 @@ from typing import Any
 FORMAT = "p1"  # changes when the hash of a pipeline would
 SEEDS = ("seed", "seed2")  # inputs of TF's random ops that are their seeds
 _NAMES = ("metadata", "shared_name", "container", "debug_name")  # attrs made up per build
+BIG = 4096  # bytes of a constant hashed apart
 _TRACED = re.compile(r"_\d+$")  # the counter TF appends to a traced function's name
 
 
@@ -48,8 +49,18 @@ def of_dataset(dataset: Any) -> str:
         graph = tf.compat.v1.GraphDef.FromString(serialized.numpy())
     except Exception:  # a pipeline TF cannot serialize: its state cannot be saved either
         return ""
+    # A large constant (an in-memory dataset's data) is hashed as it is, not as base64.
+    contents = {}
+    for node in graph.node:
+        tensor = node.attr["value"].tensor if node.op == "Const" else None
+        if tensor is not None and len(tensor.tensor_content) > BIG:
+            contents[node.name] = hashlib.sha256(tensor.tensor_content).hexdigest()
+            tensor.ClearField("tensor_content")
     # As plain data (bytes as base64): made canonical, then hashed.
     plain = json_format.MessageToDict(graph, preserving_proto_field_name=True)
+    for node in plain.get("node", []):
+        if node["name"] in contents:
+            node["attr"]["value"]["content_sha256"] = contents[node["name"]]
     text = json.dumps(_canonical(plain), sort_keys=True, separators=(",", ":"))
     return f"{FORMAT}:{hashlib.sha256(text.encode()).hexdigest()[:32]}"
 
