@@ -45,3 +45,17 @@ async def test_a_learning_rate_changed_on_resume_is_said_and_the_restored_one_us
     assert "command: train.py --lr 0.01 -> train.py --lr 0.5" in changed["changed"]
     assert "learning_rate.assign" in changed["hint"] and "new logdir" in changed["hint"]
     assert float(model.optimizer.learning_rate.numpy()) == pytest.approx(0.01)
+
+
+async def test_inspect_shows_where_the_run_was_changed(
+    logdir: str, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from asupervisor.cli import main
+
+    await session(logdir, 0.01)
+    await session(logdir, 0.5)  # the step restored: 1 (a save each step)
+    capsys.readouterr()
+    assert main(["inspect", logdir]) == 0
+    out = capsys.readouterr().out
+    (line,) = [line for line in out.splitlines() if "changed at" in line]
+    assert "(step 1): optimizer opt.learning_rate: restored 0.01, the command gives 0.5" in line

@@ -97,8 +97,9 @@ class Presence:
         )
         spawn(self._beat_forever, "asupervisor-heartbeat")
 
-    def started(self, report: RestoreReport) -> None:
-        """The session has restored (or begun fresh): its ledger line."""
+    def started(self, report: RestoreReport, changed: list[str]) -> None:
+        """The session has restored (or begun fresh): its ledger line (``changed``: what
+        differs from the commit it restored, ``run.changed``)."""
         role = self._rt.sv.role
         self._pending.append(
             {
@@ -115,6 +116,7 @@ class Presence:
                 "source": report.source.value,
                 "restored_from": report.path,
                 "restored_commit_at": None,  # read from the history, off the loop
+                "changed": changed or None,
             }
         )
         self._wake.set()

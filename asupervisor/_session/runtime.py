@@ -313,7 +313,7 @@ class SessionRuntime:
                 log.info("signals.not_handled", reason="the session is not in the main thread")
         try:
             self.restore_report = await _startup.start(self, wait, max_wait_secs)
-            self.presence.started(self.restore_report)
+            self.presence.started(self.restore_report, self.makeup.changed)
             async with anyio.create_task_group() as tg:
                 stop.cancels(tg.cancel_scope)
                 self.services.open()

@@ -39,6 +39,7 @@ class Makeup:
         self._root = root  # the user's checkpoint: what a save writes
         self._pipeline = pipeline  # the fingerprint of the pipeline read now ("": none)
         self._given: dict[str, dict[str, Any]] = {}  # the command's values (``before_restore``)
+        self.changed: list[str] = []  # what differed from the commit restored (``restore``)
 
     def before_restore(self) -> None:
         """Training thread, before the restore: the optimizers' values the command gave."""
@@ -54,7 +55,7 @@ class Makeup:
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """The record of the commit restored: what differs from the run now is logged."""
-        changed = differences(state, self.state(), self._given)
+        changed = self.changed = differences(state, self.state(), self._given)
         if changed:
             hint = HINT if any(line.startswith("optimizer") for line in changed) else None
             log.warning("run.changed", changed=changed, hint=hint)

@@ -226,7 +226,8 @@ class Reader:
             # IteratorGetNext at every restart. Not restored: the position is reached by
             # skipping in the pipeline given now.
             self._why = CHANGED
-            log.warning("run.changed", changed=[f"the data pipeline of epoch {key}"], hint=None)
+            which = f"of epoch {key}" if key >= 0 else "of fit's stream over every epoch"
+            log.warning("run.changed", changed=[f"the data pipeline {which}"], hint=None)
             return None
         iterator = iter(source)
         spec = _spec(source)
