@@ -359,3 +359,29 @@ async def test_the_same_pipeline_built_again_restores_its_state(
     again = await train_every(logdir, Counted().data(0).map(lambda b: b * 2), 2)
     assert first.seen[-1] == 58 and again.seen[0] == 60
     assert named(events, "data.resumed") and not named(events, "data.resume_by_skip")
+
+
+def test_a_pipelines_fingerprint_is_its_graph_and_sources_not_what_tf_makes_up_per_build() -> None:
+    from asupervisor._training.fingerprint import of_dataset
+
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    def pipeline(start: int = 0, buffer: int = 20, batch: int = 4) -> tf.data.Dataset:
+        def count(i: tf.Tensor) -> tf.Tensor:
+            counter.assign_add(1)
+            return i + tf.random.uniform((), maxval=2, dtype=tf.int64)
+
+        numbers = tf.data.Dataset.range(start, start + 40).map(count).map(lambda i: i * 2)
+        return numbers.shuffle(buffer).batch(batch).prefetch(2)
+
+    first = of_dataset(pipeline())
+    assert first.startswith("p1:")
+    for _ in range(3):  # other traces, other random ops: TF's counters move on
+        tf.random.uniform(())
+        tf.data.Dataset.range(3).map(lambda i: i + 1)
+    counter.assign(17)  # a captured variable's value is state, not the pipeline
+    assert of_dataset(pipeline()) == first
+    changed = {of_dataset(pipeline(start=100)), of_dataset(pipeline(buffer=5))}
+    changed.add(of_dataset(pipeline(batch=8)))
+    assert first not in changed and len(changed) == 3
+    assert of_dataset([1, 2, 3]) == ""  # not tf.data: nothing to say

@@ -120,7 +120,7 @@ def _functions_in(value: dict[str, Any]) -> list[str]:
 
 def _clean(node: dict[str, Any], renamed: dict[str, str]) -> None:
     attrs = node.get("attr", {})
-    for key in _NAMES:
+    for key in (*_NAMES, *SEEDS):  # a random op in a map holds its seeds as attrs
         attrs.pop(key, None)
     for value in attrs.values():
         _rename(value, renamed)
