@@ -18,6 +18,8 @@ from tests.conftest import named
 pytestmark = pytest.mark.anyio
 
 ELEMENTS = 400  # an epoch: 40 batches of 10
+# What the data is, not how the loop runs: one backend is enough.
+ONE_LOOP = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 class Counted:
@@ -286,6 +288,7 @@ def shuffled(numbers: range, buffer: int = 40, batch: int = 4) -> tf.data.Datase
     return tf.data.Dataset.from_tensor_slices(list(numbers)).shuffle(buffer, seed=3).batch(batch)
 
 
+@ONE_LOOP
 async def test_a_batch_size_changed_between_sessions_resumes_by_skip_and_says_so(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -299,6 +302,7 @@ async def test_a_batch_size_changed_between_sessions_resumes_by_skip_and_says_so
     assert not named(events, "data.resumed")
 
 
+@ONE_LOOP
 async def test_fit_with_a_batch_size_changed_between_sessions_says_the_pipeline_changed(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -327,6 +331,7 @@ async def test_fit_with_a_batch_size_changed_between_sessions_says_the_pipeline_
     assert not named(events, "data.resumed")
 
 
+@ONE_LOOP
 async def test_a_shuffle_buffer_changed_between_sessions_resumes_by_skip_not_a_crash(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -337,6 +342,7 @@ async def test_a_shuffle_buffer_changed_between_sessions_resumes_by_skip_not_a_c
     assert skip["reason"] == "the pipeline changed"
 
 
+@ONE_LOOP
 async def test_data_changed_between_sessions_is_read_anew_never_the_old_data(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -349,6 +355,7 @@ async def test_data_changed_between_sessions_is_read_anew_never_the_old_data(
     assert changed["changed"] == ["the data pipeline of epoch 0"]
 
 
+@ONE_LOOP
 async def test_the_same_pipeline_built_again_restores_its_state(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:

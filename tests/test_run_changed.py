@@ -14,7 +14,8 @@ import pytest
 import asupervisor as asv
 from tests.conftest import named
 
-pytestmark = pytest.mark.anyio
+# What a checkpoint records and a restore compares, not how the loop runs: one backend.
+pytestmark = [pytest.mark.anyio, pytest.mark.parametrize("anyio_backend", ["asyncio"])]
 
 
 async def session(logdir: str, learning_rate: float) -> Any:
