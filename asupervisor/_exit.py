@@ -24,6 +24,7 @@ import traceback
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+from ._errors import CheckpointMismatchError
 from ._outcome import Ending, Outcome, exit_status_of, is_cancellation, outcome_of
 
 if sys.version_info < (3, 11):  # pragma: no cover
@@ -125,7 +126,11 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
             anyio.run(program.run, backend=backend)
         except BaseException as exc:  # the status says what happened; the traceback, how
             error = exc
-            if not isinstance(exc, SystemExit):
+            if isinstance(exc, CheckpointMismatchError):
+                # Its text is the whole story (each variable that differs, what to do); a
+                # traceback would bury it under TF's own.
+                print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
+            elif not isinstance(exc, SystemExit):
                 traceback.print_exception(exc)
         program.join_threads(error)
     except KeyboardInterrupt as exc:  # a second SIGINT while the process ends

@@ -147,7 +147,8 @@ async def test_a_mismatched_checkpoint_lists_what_differs(logdir: str) -> None:
             self.b = tf.Variable(0.0)
 
     with pytest.raises(
-        asv.CheckpointMismatchError, match=r"model\.ckpt-2 .*pair/a: checkpoint \(\), model \(2,\)"
+        asv.CheckpointMismatchError,
+        match=r"(?s)model\.ckpt-2 .*\n  pair/a: checkpoint \(\), model \(2,\)",
     ):
         async with asv.Supervisor(
             logdir, checkpoint={"pair": Wider()}, handle_signals=False

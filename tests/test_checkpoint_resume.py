@@ -180,3 +180,59 @@ async def test_a_mismatched_checkpoint_is_refused(logdir: str, pair: Pair) -> No
     with pytest.raises(asv.CheckpointMismatchError, match=r"model\.ckpt-1"):
         async with other.session():
             pass
+
+
+def keras_model(units: int, layers: int) -> Any:
+    import keras
+
+    dense = [keras.layers.Dense(units, name=f"hidden{i}") for i in range(layers)]
+    model = keras.Sequential([keras.Input((3,)), *dense], name="net")
+    model.compile(optimizer="sgd", loss="mse")
+    return model
+
+
+def run_once(logdir: str, model: Any) -> int:
+    """One program under ``asv.run``: a session over ``model``, one step."""
+
+    async def main() -> None:
+        sv = asv.Supervisor(
+            logdir, checkpoint={"model": model, "opt": model.optimizer}, save_model_secs=0,
+            save_model_steps=1, save_summaries_secs=0, handle_signals=False,
+        )  # fmt: skip
+        async with sv.session() as sess:
+            await sess.run(lambda: None)
+
+    return asv.run(main)
+
+
+@pytest.mark.parametrize(
+    ("units", "layers", "difference"),
+    [
+        (8, 1, r"hidden0/kernel: checkpoint \(3, 4\), model \(3, 8\)"),
+        (4, 2, r"the model has \S*hidden1/kernel \(4, 4\) that the checkpoint lacks"),
+    ],
+)
+def test_a_model_changed_between_runs_ends_78_with_each_variable_and_what_to_do(
+    tmp_path: Any, capfd: pytest.CaptureFixture[str], units: int, layers: int, difference: str
+) -> None:
+    import json
+    import re
+    import time
+
+    from asupervisor._cli.inspect import describe_beat
+    from asupervisor._logdir.heartbeat import Beat
+
+    logdir = str(tmp_path / "run")
+    assert run_once(logdir, keras_model(4, 1)) == 0
+    capfd.readouterr()
+    assert run_once(logdir, keras_model(units, layers)) == 78
+    err = capfd.readouterr().err
+    assert re.search(difference, err), err
+    assert "new logdir" in err and "Traceback" not in err
+    assert len(err.splitlines()) < 10, err
+    # The step it ended at is not the run's: it never restored.
+    beat = Beat.from_json((tmp_path / "run" / ".asupervisor.heartbeat").read_bytes())
+    assert beat.step is None and "before its restore" in describe_beat(beat, time.time())
+    lines = (tmp_path / "run" / "asupervisor-ledger.jsonl").read_text().splitlines()
+    end = json.loads(lines[-1])
+    assert end["event"] == "end" and end["exit_status"] == 78 and end["step"] is None

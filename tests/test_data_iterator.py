@@ -18,6 +18,8 @@ from tests.conftest import named
 pytestmark = pytest.mark.anyio
 
 ELEMENTS = 400  # an epoch: 40 batches of 10
+# What the data is, not how the loop runs: one backend is enough.
+ONE_LOOP = pytest.mark.parametrize("anyio_backend", ["asyncio"])
 
 
 class Counted:
@@ -137,14 +139,14 @@ async def test_a_pipeline_changed_since_the_save_falls_back_to_skip(
 ) -> None:
     await train(logdir, Counted().data, 30)
 
-    def changed(epoch: int) -> tf.data.Dataset:  # a filter more: TF's state does not fit
+    def changed(epoch: int) -> tf.data.Dataset:  # a filter more: another pipeline
         numbers = tf.data.Dataset.range(ELEMENTS).filter(lambda i: i >= 0)
         return numbers.map(lambda i: i * 2).batch(10)
 
     again = await train(logdir, changed, 1)
     assert again.seen == [600]  # batch 30 of the pipeline given now
     (skip,) = named(events, "data.resume_by_skip")
-    assert "does not fit" in skip["reason"]
+    assert skip["reason"] == "the pipeline changed"
 
 
 async def test_an_async_save_holds_the_iterator_of_its_own_step_boundary(logdir: str) -> None:
@@ -219,6 +221,23 @@ async def test_a_shuffle_without_any_seed_is_said_to_be_not_exact_once(
     assert seeded.seen and not named(events, "data.not_exact")
 
 
+def stop_after(sess: asv.ManagedSession, batches: int) -> Any:
+    """A Keras callback that stops the session after ``batches`` batches, as a SIGTERM."""
+    import keras
+
+    class StopAfter(keras.callbacks.Callback):  # type: ignore[misc]
+        def __init__(self) -> None:
+            super().__init__()
+            self.left = batches
+
+        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
+            self.left -= 1
+            if self.left == 0:
+                sess.request_stop(reason=asv.StopReason.SIGNAL)
+
+    return StopAfter()
+
+
 async def test_fit_resumes_inside_an_epoch_computing_no_batch_before_it(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -230,16 +249,6 @@ async def test_fit_resumes_inside_an_epoch_computing_no_batch_before_it(
         numbers = pipeline.data(epoch).map(lambda b: tf.cast(b, tf.float32)[:, None])
         return numbers.map(lambda x: (x, 2.0 * x))
 
-    class StopAfter(keras.callbacks.Callback):
-        def __init__(self, sess: asv.ManagedSession, batches: int) -> None:
-            super().__init__()
-            self.sess, self.left = sess, batches
-
-        def on_train_batch_end(self, batch: int, logs: Any = None) -> None:
-            self.left -= 1
-            if self.left == 0:
-                self.sess.request_stop(reason=asv.StopReason.SIGNAL)  # as a SIGTERM
-
     async def fit(batches: int) -> tuple[int, int]:
         model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
         model.compile(optimizer="sgd", loss="mse")
@@ -248,7 +257,7 @@ async def test_fit_resumes_inside_an_epoch_computing_no_batch_before_it(
             save_model_steps=1000, save_summaries_secs=0, handle_signals=False,
         )  # fmt: skip
         async with sv.session() as sess:
-            await sess.fit(model, data, epochs=2, callbacks=[StopAfter(sess, batches)], verbose=0)
+            await sess.fit(model, data, epochs=2, callbacks=[stop_after(sess, batches)], verbose=0)
         return sess.data_position
 
     assert await fit(30) == (0, 30)
@@ -257,3 +266,129 @@ async def test_fit_resumes_inside_an_epoch_computing_no_batch_before_it(
     assert int(pipeline.computed.numpy()) < 50  # not the 300 elements before batch 30
     (resumed,) = named(events, "data.resumed")
     assert resumed["batch"] == 30
+
+
+class Every(Learner):
+    """Records every element of each batch it trains."""
+
+    def step(self, batch: tf.Tensor) -> dict[str, tf.Tensor]:
+        self.seen.extend(int(x) for x in batch)
+        self.v.assign_add(1.0)
+        return {"loss": tf.constant(1.0)}
+
+
+async def train_every(logdir: str, data: Any, steps: int, epochs: int = 1) -> Every:
+    learner = Every()
+    async with supervisor(logdir, learner, save_model_steps=1).session() as sess:
+        await sess.train(learner.step, data, epochs=epochs, max_steps=steps)
+    return learner
+
+
+def shuffled(numbers: range, buffer: int = 40, batch: int = 4) -> tf.data.Dataset:
+    return tf.data.Dataset.from_tensor_slices(list(numbers)).shuffle(buffer, seed=3).batch(batch)
+
+
+@ONE_LOOP
+async def test_a_batch_size_changed_between_sessions_resumes_by_skip_and_says_so(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    first = await train_every(logdir, shuffled(range(40)), 3)  # 12 examples, batches of 4
+    assert len(first.seen) == 12
+    again = await train_every(logdir, shuffled(range(40), batch=8), 10)
+    # The position (batch 3) is a batch of the pipeline given now: its batches 3 and 4.
+    assert again.seen == [int(x) for b in shuffled(range(40), batch=8).skip(3) for x in b]
+    (skip,) = named(events, "data.resume_by_skip")
+    assert skip["reason"] == "the pipeline changed" and skip["batches"] == 3
+    assert not named(events, "data.resumed")
+
+
+@ONE_LOOP
+async def test_fit_with_a_batch_size_changed_between_sessions_says_the_pipeline_changed(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    import keras
+
+    def data(batch: int) -> tf.data.Dataset:
+        numbers = tf.data.Dataset.from_tensor_slices([float(i) for i in range(40)])
+        return numbers.shuffle(40, seed=3).batch(batch).map(lambda x: (x[:, None], x[:, None]))
+
+    async def fit(batch: int, stop: int) -> tuple[int, int]:
+        model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(1)])
+        model.compile(optimizer="sgd", loss="mse")
+        sv = asv.Supervisor(
+            logdir, checkpoint={"model": model}, save_model_secs=0, save_model_steps=1000,
+            save_summaries_secs=0, handle_signals=False,
+        )  # fmt: skip
+        async with sv.session() as sess:
+            callbacks = [stop_after(sess, stop)]
+            await sess.fit(model, data(batch), epochs=1, callbacks=callbacks, verbose=0)
+        return sess.data_position
+
+    assert await fit(4, 3) == (0, 3)
+    assert await fit(8, 100) == (1, 0)  # the epoch's batches 3 and 4 of 8 examples
+    (skip,) = named(events, "data.resume_by_skip")
+    assert skip["reason"] == "the pipeline changed" and skip["batches"] == 3
+    assert not named(events, "data.resumed")
+
+
+@ONE_LOOP
+async def test_a_shuffle_buffer_changed_between_sessions_resumes_by_skip_not_a_crash(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    await train_every(logdir, shuffled(range(40), buffer=20), 3)
+    again = await train_every(logdir, shuffled(range(40), buffer=5), 10)
+    assert again.seen == [int(x) for b in shuffled(range(40), buffer=5).skip(3) for x in b]
+    (skip,) = named(events, "data.resume_by_skip")
+    assert skip["reason"] == "the pipeline changed"
+
+
+@ONE_LOOP
+async def test_data_changed_between_sessions_is_read_anew_never_the_old_data(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    await train_every(logdir, shuffled(range(0, 40)), 3)
+    again = await train_every(logdir, shuffled(range(100, 140)), 10)
+    assert len(again.seen) == 28 and all(x >= 100 for x in again.seen)
+    (skip,) = named(events, "data.resume_by_skip")
+    assert skip["reason"] == "the pipeline changed"
+    (changed,) = named(events, "run.changed")
+    assert changed["changed"] == ["the data pipeline of epoch 0"]
+
+
+@ONE_LOOP
+async def test_the_same_pipeline_built_again_restores_its_state(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """Built anew by each session (its functions traced again, its seed generator and
+    captured variables made again): the same fingerprint, the state restored."""
+    counted = Counted()
+    first = await train_every(logdir, counted.data(0).map(lambda b: b * 2), 3)
+    again = await train_every(logdir, Counted().data(0).map(lambda b: b * 2), 2)
+    assert first.seen[-1] == 58 and again.seen[0] == 60
+    assert named(events, "data.resumed") and not named(events, "data.resume_by_skip")
+
+
+def test_a_pipelines_fingerprint_is_its_graph_and_sources_not_what_tf_makes_up_per_build() -> None:
+    from asupervisor._training.fingerprint import of_dataset
+
+    counter = tf.Variable(0, dtype=tf.int64)
+
+    def pipeline(start: int = 0, buffer: int = 20, batch: int = 4) -> tf.data.Dataset:
+        def count(i: tf.Tensor) -> tf.Tensor:
+            counter.assign_add(1)
+            return i + tf.random.uniform((), maxval=2, dtype=tf.int64)
+
+        numbers = tf.data.Dataset.range(start, start + 40).map(count).map(lambda i: i * 2)
+        return numbers.shuffle(buffer).batch(batch).prefetch(2)
+
+    first = of_dataset(pipeline())
+    assert first.startswith("p1:")
+    for _ in range(3):  # other traces, other random ops: TF's counters move on
+        tf.random.uniform(())
+        tf.data.Dataset.range(3).map(lambda i: i + 1)
+    counter.assign(17)  # a captured variable's value is state, not the pipeline
+    assert of_dataset(pipeline()) == first
+    changed = {of_dataset(pipeline(start=100)), of_dataset(pipeline(buffer=5))}
+    changed.add(of_dataset(pipeline(batch=8)))
+    assert first not in changed and len(changed) == 3
+    assert of_dataset([1, 2, 3]) == ""  # not tf.data: nothing to say

@@ -112,6 +112,11 @@ REACHES = {
         'getattr(dataset, "_seed", ...)',
         'getattr(dataset, "_seed2", ...)',
     },
+    "asupervisor/_training/fingerprint.py": {
+        # A pipeline's graph, as TF's own checkpoints and tf.data service serialize it
+        # (the public ``DatasetToGraphV2`` op needs the dataset's variant, private too).
+        'getattr(dataset, "_as_serialized_graph", ...)',
+    },
     "asupervisor/_training/fit.py": {
         # Compiled metrics make their variables at the first batch; a resumed epoch gives
         # back their running state before it, so they are built as Keras builds them under

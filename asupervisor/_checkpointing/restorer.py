@@ -19,7 +19,12 @@ from .._logdir.catalog import Catalog
 from .._logdir.files import checkpoint_problem, delete_checkpoint, files_problem, index_torn
 from .._logdir.lock import WriteGuard
 from .._logdir.store import Store
-from .._logdir.verify import shape_differences, top_level_differences, verify_checkpoint
+from .._logdir.verify import (
+    shape_differences,
+    top_level_differences,
+    variable_differences,
+    verify_checkpoint,
+)
 from .root import GLOBAL_STEP, OWN_PARTS, SavedRoot
 
 VANISHED_RETRIES = 100  # passes over the logdir while the chief's sweep removes what we chose
@@ -221,17 +226,19 @@ class Restorer:
             )
         shapes = shape_differences(children, path)
         if shapes:
-            raise CheckpointMismatchError(
-                f"checkpoint {path} does not match the objects being restored: " + "; ".join(shapes)
-            )
+            # Named as their user knows them (a Keras variable's path), with the rest.
+            listed = variable_differences(children, path) or shapes
+            raise CheckpointMismatchError(mismatch_text(path, listed))
         root = self.root.checkpoint if not absent else self.root.without(absent)
         try:
             status = root.read(path)
             status.assert_existing_objects_matched()
         except (AssertionError, ValueError) as exc:  # missing objects; shapes that differ
-            raise CheckpointMismatchError(
-                f"checkpoint {path} does not match the objects being restored: {exc}"
-            ) from exc
+            # TF names one variable, with its values; the user needs every difference.
+            differences = variable_differences(children, path)
+            if not differences:
+                differences = [_first_line(exc)]
+            raise CheckpointMismatchError(mismatch_text(path, differences)) from exc
         self.restore_status = status
         self.migrated = GLOBAL_STEP in absent or not self.catalog.names.is_own(path)
 
@@ -239,3 +246,26 @@ class Restorer:
         """What the restore left to take, once: for the check after the first step."""
         status, self.restore_status = self.restore_status, None
         return status
+
+
+MISMATCH_HINT = (
+    "the model was changed since this run's checkpoints were written: build it as it was "
+    "to resume this run, or start a new run in a new logdir"
+)
+
+
+def mismatch_text(path: str, differences: list[str]) -> str:
+    """A ``CheckpointMismatchError``'s text: each difference on a line of its own, and
+    what to do."""
+    lines = "".join(f"\n  {line}" for line in differences[:_SHOWN])
+    if len(differences) > _SHOWN:
+        lines += f"\n  ... and {len(differences) - _SHOWN} more"
+    return f"checkpoint {path} does not match the model:{lines}\n{MISMATCH_HINT}"
+
+
+_SHOWN = 20  # differences listed in full
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return (text.splitlines()[0] if text else type(exc).__name__)[:300]

@@ -103,12 +103,25 @@ def ledger_lines(report: LogdirReport) -> list[str]:
     """``asupervisor inspect``'s last sections: the sessions of the ledger, what each
     restart cost, the heartbeat."""
     lines = ledger_table(report.sessions)
+    lines += changed_lines(report.sessions)
     lines += restart_lines(report.sessions)
     if report.heartbeat is not None:
         beat = Beat.from_json(json.dumps(report.heartbeat).encode())
         lines += ["", f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
     elif report.heartbeat_problem is not None:
         lines += ["", f"heartbeat: unreadable: {shown(report.heartbeat_problem)}"]
+    return lines
+
+
+def changed_lines(entries: list[SessionRecord]) -> list[str]:
+    """Where the run was changed: a line per difference a session found between the
+    commit it restored and the run it was (``run.changed``)."""
+    lines = []
+    for e in entries:
+        started = shown((e.started or "?")[:19].replace("T", " "))
+        for change in e.changed if isinstance(e.changed, list) else []:
+            at = "?" if e.restored_step is None else e.restored_step
+            lines.append(f"  changed at {started} (step {at}): {shown(change)}")
     return lines
 
 
@@ -125,7 +138,7 @@ def ledger_table(entries: list[SessionRecord]) -> list[str]:
         if e.ended is None:
             to, outcome, status, reason = "?", "no end recorded", "", "killed or still running"
         else:
-            to = str(e.step)
+            to = "?" if e.step is None else str(e.step)  # None: ended before its restore
             outcome, status = shown(e.outcome or "?"), str(e.exit_status)
             reason = shown(e.reason or "") + (f": {shown(e.error)}" if e.error else "")
             if e.source == RestoreSource.INTERRUPTED.value:
@@ -192,8 +205,8 @@ def describe_beat(beat: Beat, now: float) -> str:
     where = f"pid {beat.pid} on {beat.host}"
     if beat.outcome is not None:
         return (
-            f"session ended ({beat.outcome.value}, exit status {beat.exit_status}) at step "
-            f"{beat.step}, {age:.0f} s ago ({where})"
+            f"session ended ({beat.outcome.value}, exit status {beat.exit_status}) "
+            f"{beat.at_step}, {age:.0f} s ago ({where})"
         )
     busy = (
         "" if beat.busy_since is None else f"; {beat.job} running for {now - beat.busy_since:.1f} s"

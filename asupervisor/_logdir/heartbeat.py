@@ -70,7 +70,7 @@ class Beat:
     worker: str | None  # the task in a multi-worker job ("worker:1"), else None
     phase: Phase
     first_step_done: bool
-    step: int
+    step: int | None  # None: the session ended before its restore (no step of the run)
     restored_step: int | None
     interval_secs: float  # how often it is written
     started_at: float  # when the session began
@@ -87,6 +87,11 @@ class Beat:
     # the step deadline bounds it, the longer one other work. An older writer's beat
     # does not say: judged as a step.
     training: bool = True
+
+    @property
+    def at_step(self) -> str:
+        """Where it is, in words: "at step 12", or before its restore."""
+        return "before its restore" if self.step is None else f"at step {self.step}"
 
     @property
     def ended(self) -> bool:
@@ -169,7 +174,7 @@ def judge(
     age = now - beat.written_at
     if beat.ended:
         ended = beat.outcome.value if beat.outcome is not None else "ended"
-        said = f"the session has ended ({ended}) at step {beat.step}"
+        said = f"the session has ended ({ended}) {beat.at_step}"
         if still_running and age > age_limit:
             why = f"{said} {age:.1f} s ago and its process still runs (limit {age_limit:g} s)"
             return Verdict(True, why, age_limit)

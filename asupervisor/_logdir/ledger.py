@@ -111,6 +111,7 @@ class SessionRecord:
     exit_status: int | None = None
     unsaved_steps: int | None = None
     error: str | None = None
+    changed: list[str] | None = None  # what differed from the commit it restored
 
 
 _FIELDS = {f.name for f in fields(SessionRecord)}

@@ -131,3 +131,89 @@ def unrestored(status: Any) -> str | None:
         key = re.search(r'checkpoint_key: "([^"]+)"', text)
         return key[1] if key else (text.splitlines() or [repr(exc)])[0][:200]
     return None
+
+
+def variable_differences(children: Mapping[str, Any], path: str) -> list[str]:
+    """Every variable that differs between the checkpoint and the objects now, one line
+    each: ``"model/dense/kernel: checkpoint (3, 4), model (3, 8)"``, ``"the model has
+    model/dense_1/kernel (4, 4) that the checkpoint lacks"``, ``"the checkpoint has ...
+    that the model lacks"``.
+
+    The checkpoint's object graph is walked beside the objects' own, by the names TF
+    matches them by (as a restore does), so a variable is found on any of its paths
+    (a Keras model's variables are saved under the optimizer that tracks them, which is
+    not built before the first step). A list or dict left empty (an optimizer not built
+    yet) is not counted as lacking what the checkpoint has under it.
+    """
+    import tensorflow as tf
+    from tensorflow.core.protobuf import trackable_object_graph_pb2
+
+    reader = reader_of(path)
+    shapes = reader.get_variable_to_shape_map()
+    graph = trackable_object_graph_pb2.TrackableObjectGraph.FromString(
+        reader.get_tensor("_CHECKPOINTABLE_OBJECT_GRAPH")
+    )
+
+    def children_of(obj: Any) -> dict[str, Any]:
+        try:
+            return dict(tf.train.TrackableView(obj).children(obj))
+        except Exception:  # not a trackable: nothing under it
+            return {}
+
+    matched: dict[int, tuple[Any, str]] = {}  # saved node → the object, its path
+    lacking: dict[int, str] = {}  # saved node → a path the objects lack
+    top = [(c.node_id, children.get(c.local_name), c.local_name) for c in graph.nodes[0].children]
+    queue = [(node, obj, name) for node, obj, name in top if node != 0 and name not in _TF_OWN]
+    while queue:
+        node_id, obj, where = queue.pop(0)
+        if node_id in matched or (obj is None and node_id in lacking):
+            continue
+        if obj is None:
+            lacking[node_id] = where
+            queue.extend(
+                (c.node_id, None, f"{where}/{c.local_name}") for c in graph.nodes[node_id].children
+            )
+            continue
+        matched[node_id] = (obj, where)
+        live = children_of(obj)
+        unbuilt = not live and type(obj).__name__ in ("ListWrapper", "_DictWrapper")
+        for child in graph.nodes[node_id].children:
+            if child.local_name in live or not unbuilt:
+                found_child = live.get(child.local_name)
+                queue.append((child.node_id, found_child, f"{where}/{child.local_name}"))
+    found = []
+    for node_id, node in enumerate(graph.nodes):
+        keys = [a.checkpoint_key for a in node.attributes if a.name == "VARIABLE_VALUE"]
+        if not keys or keys[0] not in shapes:
+            continue
+        saved = tuple(shapes[keys[0]])
+        if node_id in matched:
+            obj, where = matched[node_id]
+            shape = getattr(obj, "shape", None)
+            if shape is not None and tuple(shape) != saved:
+                found.append(f"{_named(obj, where)}: checkpoint {saved}, model {tuple(shape)}")
+        elif node_id in lacking:
+            found.append(f"the checkpoint has {lacking[node_id]} {saved} that the model lacks")
+    taken = {id(obj) for obj, _ in matched.values()}
+    seen = {id(obj) for obj in children.values()}
+    walk = list(children.items())
+    while walk:
+        where, obj = walk.pop(0)
+        if id(obj) not in taken and hasattr(obj, "assign") and hasattr(obj, "shape"):
+            shape = tuple(obj.shape)
+            found.append(f"the model has {_named(obj, where)} {shape} that the checkpoint lacks")
+        for name, child in children_of(obj).items():
+            if id(child) not in seen:
+                seen.add(id(child))
+                walk.append((f"{where}/{name}", child))
+    return found
+
+
+_TF_OWN = ("save_counter",)  # a Checkpoint's own counter: not the model's
+
+
+def _named(obj: Any, where: str) -> str:
+    """A variable's name as its user knows it (a Keras variable's ``path``), else where it
+    is in the checkpoint."""
+    path = getattr(obj, "path", None)
+    return path if isinstance(path, str) and path else where

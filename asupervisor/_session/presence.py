@@ -117,8 +117,9 @@ class Presence:
             return None
         return logdir if is_object_store(logdir) else os.path.abspath(logdir)
 
-    def started(self, report: RestoreReport) -> None:
-        """The session has restored (or begun fresh): its ledger line."""
+    def started(self, report: RestoreReport, changed: list[str]) -> None:
+        """The session has restored (or begun fresh): its ledger line (``changed``: what
+        differs from the commit it restored, ``run.changed``)."""
         role = self._rt.sv.role
         self._pending.append(
             {
@@ -135,6 +136,7 @@ class Presence:
                 "source": report.source.value,
                 "restored_from": report.path,
                 "restored_commit_at": None,  # read from the history, off the loop
+                "changed": changed or None,
             }
         )
         self._wake.set()
@@ -189,7 +191,7 @@ class Presence:
                 "pid": os.getpid(),
                 "outcome": ending.outcome.value,
                 "exit_status": ending.exit_status,
-                "step": ending.step,
+                "step": ending.step if self._rt.ready else None,  # see _beat
                 "reason": str(ending.reason),
                 "error": None if error is None else f"{type(error).__name__}: {error}",
                 "unsaved_steps": ending.unsaved_steps,
@@ -293,7 +295,9 @@ class Presence:
             worker=None if rt.sv.role is None else rt.sv.role.name,
             phase=Phase.CLOSED if final is not None else rt.stop.phase,  # the last beat
             first_step_done=rt.stepper.first_done is not None,
-            step=step,
+            # A session that ended before its restore has no step of the run: its
+            # variable's 0 is not where the run is.
+            step=step if rt.ready or final is None else None,
             restored_step=rt.restore_report.step if rt.ready else None,
             interval_secs=self.interval,
             started_at=self._started_at,

@@ -31,6 +31,9 @@ from .._logdir import heartbeat as _heartbeat
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
 from .._outcome import Outcome, StopReason, reason_of
 from .._training.kept_state import KeptState, key_of
+from .._training.makeup import KEY as MAKEUP_KEY
+from .._training.makeup import KIND as MAKEUP_KIND
+from .._training.makeup import Makeup
 from .._training.position import Position
 from .._training.session_summaries import SessionSummaries
 from .._training.steps import GlobalStep, Stepper
@@ -96,6 +99,8 @@ class SessionRuntime:
         self.position = Position()
         self.kept = KeptState()
         self.kept.track("hooks", sv.hooks, [key_of(i, h) for i, h in enumerate(sv.hooks)])
+        self.makeup = Makeup(sv.checkpoint, self.position.reader.pipeline)
+        self.kept.track_one(MAKEUP_KIND, MAKEUP_KEY, self.makeup)
         self.root = SavedRoot(sv.checkpoint, sv.global_step, self.position, self.kept)
         save_steps = sv.save_model_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
@@ -159,6 +164,8 @@ class SessionRuntime:
         self.checkpoints.began(deferred)
         hooks = self.sv.hooks
         self.kept.give_back("hooks", hooks, [key_of(i, h) for i, h in enumerate(hooks)])
+        if report.source is RestoreSource.CHECKPOINT:  # what changed since that commit
+            self.kept.give_back(MAKEUP_KIND, [self.makeup], [MAKEUP_KEY])
         self.stepper.begin(self.step.value)
         self.events.mark_start(self.step.value + 1)  # the restored state's own point stays
         self.ready = True
@@ -325,7 +332,7 @@ class SessionRuntime:
                 log.info("signals.not_handled", reason="the session is not in the main thread")
         try:
             self.restore_report = await _startup.start(self, wait, max_wait_secs)
-            self.presence.started(self.restore_report)
+            self.presence.started(self.restore_report, self.makeup.changed)
             async with anyio.create_task_group() as tg:
                 stop.cancels(tg.cancel_scope)
                 self.services.open()

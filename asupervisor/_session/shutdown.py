@@ -70,7 +70,7 @@ async def close(rt: SessionRuntime) -> None:
     with contextlib.suppress(Exception):
         log.info(
             "session.stopped",
-            step=ending.step,
+            step=ending.step if rt.ready else None,  # before its restore: no step of the run
             reason=str(ending.reason),
             outcome=ending.outcome.value,
             exit_status=ending.exit_status,

@@ -199,6 +199,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     for hook in sv.hooks:
         hook.begin(sv)
     started = time.perf_counter()
+    rt.makeup.before_restore()
     path, skipped = _choose(rt, max_wait_secs)
     rt.thread.check_fence()  # a restore given up on acts no further
     step.reload()

@@ -12,8 +12,13 @@ restores it into an iterator of the same pipeline and reads on from there.
 - **What a checkpoint holds** (``data_iterator``): the serialized state as strings, and
   a JSON record of where it is: the pipeline it belongs to (its key: the epoch, or the
   one stream of ``fit(steps_per_epoch=)``), the batches ``Dataset.skip`` skipped when it
-  was opened, the batch it has reached, and the data position at the save (a record
-  that does not name the restored position is stale and never used).
+  was opened, the batch it has reached, the data position at the save (a record
+  that does not name the restored position is stale and never used), and the pipeline's
+  fingerprint (``fingerprint``: its graph and its sources).
+- **Only into its own pipeline.** A state is restored only into a pipeline of the same
+  fingerprint: one edited between two sessions (a batch size, a shuffle's buffer, the
+  data) is read from the restored position by ``Dataset.skip``, said once
+  (``data.resume_by_skip``, reason "the pipeline changed").
 - **Restored in place.** Asked for batch b of a pipeline whose saved state is at batch
   a <= b (a rollback moves the position past the batches that diverged), the state is
   restored and the iterator advanced b - a batches.
@@ -39,10 +44,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from .._log import log
+from . import fingerprint
 from .release import release
 
 NAME = "data_iterator"  # its name in the checkpoint
 FORMAT = 1
+CHANGED = "the pipeline changed"  # the reason a saved state is not restored into another
 STREAM = -1  # the key of fit's one stream over every epoch (steps_per_epoch over a dataset)
 
 
@@ -57,6 +64,7 @@ class Saved:
     spec: str
     state: Any = None
     why: str = ""
+    pipeline: str = ""  # the pipeline's fingerprint ("" not known: see ``fingerprint``)
 
 
 class Opened:
@@ -72,8 +80,10 @@ class Opened:
         spec: str,
         why: str,
         ended: Saved | None = None,
+        pipeline: str = "",
     ) -> None:
         self.iterator = iterator
+        self.pipeline = pipeline
         self.ended = ended  # at its pipeline's end: nothing to read, the state as restored
         self.key, self.skip, self.spec = key, skip, spec
         self.at_open, self.count_at_open = at, count
@@ -209,6 +219,16 @@ class Reader:
             return Opened(iter(()), key, saved.skip, at, self.count, saved.spec, "", saved)
         source = build(saved.skip)
         self._check_exact(source)
+        pipeline = fingerprint.of_dataset(source)
+        if saved.pipeline and pipeline and pipeline != saved.pipeline:
+            # Another pipeline (a batch size, a buffer, the data edited): TF's state of the
+            # old one would read on at the wrong place, or the old data, or fail inside
+            # IteratorGetNext at every restart. Not restored: the position is reached by
+            # skipping in the pipeline given now.
+            self._why = CHANGED
+            which = f"of epoch {key}" if key >= 0 else "of fit's stream over every epoch"
+            log.warning("run.changed", changed=[f"the data pipeline {which}"], hint=None)
+            return None
         iterator = iter(source)
         spec = _spec(source)
         try:
@@ -222,7 +242,7 @@ class Reader:
             self._why = f"the saved state does not fit the pipeline: {_first_line(exc)}"
             return None
         log.info("data.resumed", key=key, batch=at, advanced=at - saved.at)
-        return Opened(iterator, key, saved.skip, at, self.count, saved.spec, "")
+        return Opened(iterator, key, saved.skip, at, self.count, saved.spec, "", None, pipeline)
 
     def _fresh(
         self,
@@ -249,7 +269,8 @@ class Reader:
                 reason=why or "the checkpoint holds no state of this pipeline",
                 cost=f"the {at} batches before it are computed again (Dataset.skip)",
             )
-        return Opened(iterator, key, at, at, self.count, _spec(source), cannot)
+        pipeline = "" if cannot else fingerprint.of_dataset(source)
+        return Opened(iterator, key, at, at, self.count, _spec(source), cannot, None, pipeline)
 
     def _check_exact(self, source: Any) -> None:
         """Once a session: a shuffle with no seed at all orders each run its own way, so a
@@ -267,6 +288,12 @@ class Reader:
         if why not in self._told:
             self._told.add(why)
             log.info("data.not_saveable", reason=why, resume="by Dataset.skip")
+
+    def pipeline(self) -> str:
+        """The fingerprint of the pipeline read now, or of the state kept ("": none)."""
+        if self.current is not None:
+            return self.current.pipeline
+        return self.kept.pipeline if self.kept is not None else ""
 
     def advance(self, batches: int) -> None:
         """The position counted ``batches`` more (read from the iterator open now)."""
@@ -310,6 +337,7 @@ class Reader:
             "at": saved.at,
             "spec": saved.spec,
             "why": saved.why,
+            "pipeline": saved.pipeline,
         }
         self.module.meta.assign(json.dumps(meta))
         self.module.state.assign(saved.state if saved.state is not None else _no_state())
@@ -322,12 +350,13 @@ class Reader:
         why = opened.why
         if not why:
             try:
-                return Saved(opened.key, opened.skip, at, opened.spec, _state_of(opened.iterator))
+                state = _state_of(opened.iterator)
+                return Saved(opened.key, opened.skip, at, opened.spec, state, "", opened.pipeline)
             except Exception as exc:
                 why = f"TensorFlow cannot save its state: {_first_line(exc)}"
                 opened.unsaveable(why)
                 self._tell_not_saveable(why)
-        return Saved(opened.key, opened.skip, at, opened.spec, None, why)
+        return Saved(opened.key, opened.skip, at, opened.spec, None, why, opened.pipeline)
 
     def reload(self, position: tuple[int, int]) -> None:
         """After a restore (or a fresh start): the state the checkpoint holds is kept for
@@ -353,6 +382,7 @@ class Reader:
             str(meta.get("spec", "")),
             state if int(tf.strings.length(state)) else None,
             str(meta.get("why", "")),
+            str(meta.get("pipeline", "")),  # none in an older checkpoint: not checked
         )
 
 
