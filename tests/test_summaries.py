@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -13,6 +14,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import asupervisor as asv
+from tests.board import Board, tensorboard
 from tests.conftest import Pair
 
 pytestmark = pytest.mark.asyncio
@@ -301,6 +303,17 @@ async def test_in_step_summaries_land_at_the_step_of_summary_fn(
     assert scalars(acc, "outside") == [(n, float(n)) for n in range(1, 6)]
 
 
+def records(path: str) -> list[bytes]:
+    return [r.numpy() for r in tf.data.TFRecordDataset(path)]
+
+
+def past(record: bytes, step: int) -> bool:
+    from tensorflow.core.util import event_pb2
+
+    event = event_pb2.Event.FromString(record)
+    return event.HasField("summary") and event.step > step
+
+
 def every_step(logdir: str, v: tf.Variable) -> asv.Supervisor:
     """``v`` drawn at every step, a checkpoint every 5 steps."""
     return asv.Supervisor(
@@ -461,3 +474,49 @@ async def test_a_deleted_events_file_under_a_traced_summary_step_is_renewed_in_p
     points = scalars(acc, "in_step")
     assert points and all(step == value for step, value in points), points  # at N+1, not N
     assert points[-1] == (sess.global_step, float(sess.global_step))
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
+    """TensorBoard's server with its default (fast) loader, for this module's tests."""
+    root = str(tmp_path_factory.mktemp("board"))
+    with tensorboard(root) as url:
+        yield Board(root, url)
+
+
+async def test_tensorboards_default_loader_draws_no_point_a_killed_session_wrote_past_the_restore(
+    logdir: str, board: Board
+) -> None:
+    # TensorBoard's fast loader (its default) ignores SessionLog.START: at the restore,
+    # the dead session's file loses its points past step 5, and keeps its name and the
+    # rest of its records. A sparse tag (an evaluation) is where a point would stay.
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    v = tf.Variable(0.0)
+    with pytest.raises(RuntimeError, match="crash"):
+        async with every_step(logdir, v).session() as sess:
+            for _ in range(8):
+                await sess.run(v.assign_add, 10.0)
+                if sess.global_step in (3, 7):
+                    sess.summary_computed({"sparse": float(sess.global_step)})
+            raise RuntimeError("crash")
+    (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    records_before = records(crashed)
+    async with every_step(logdir, v).session() as sess:
+        assert sess.restore_report.step == 5
+        for _ in range(3):
+            await sess.run(v.assign_add, 1.0)
+    assert os.path.exists(crashed)  # the same name: TensorBoard's order of the files
+    # The points past step 5 are gone (6..8 of "v" and of the rate, 7 of "sparse"),
+    # and nothing else: the file's other records stay as they were, in their order.
+    assert records(crashed) == [r for r in records_before if not past(r, 5)]
+    assert len(records_before) - len(records(crashed)) == 7
+    kept = [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0), (7, 52.0), (8, 53.0)]
+    acc = plugin_event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    assert points(acc, "v") == kept
+    assert points(acc, "sparse") == [(3, 3.0)]
+    assert not [n for n in os.listdir(logdir) if n.startswith(".asv-rewrite")]
+    board.show(logdir, "killed")
+    assert board.scalars("killed", "sparse", [(3, 3.0)]) == [(3, 3.0)]
+    assert board.scalars("killed", "v", kept) == kept

@@ -28,6 +28,7 @@ from .._errors import (
 from .._kinds import JobKind, Phase, RestoreSource
 from .._log import log
 from .._logdir import heartbeat as _heartbeat
+from .._logdir.files import RUNS
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
 from .._outcome import Outcome, StopReason, reason_of
 from .._training.kept_state import KeptState, key_of
@@ -155,6 +156,10 @@ class SessionRuntime:
         hooks = self.sv.hooks
         self.kept.give_back("hooks", hooks, [key_of(i, h) for i, h in enumerate(hooks)])
         self.stepper.begin(self.step.value)
+        # Every loader draws the run the history kept: the points that dead sessions
+        # wrote past the restored step (or, in Keras' runs, from its epoch on) go.
+        epochs = {run: self.position.epoch - 1 for run in RUNS}
+        self.events.drop_past(self.step.value, epochs)
         self.events.mark_start(self.step.value + 1)  # the restored state's own point stays
         self.ready = True
         for hook in self.sv.hooks:

@@ -10,11 +10,16 @@ from typing import TYPE_CHECKING, Any
 
 from .._log import log
 from .._logdir.store import Store
+from .past_points import drop_past_in
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 EVENTS_FILE = "events.out.tfevents."  # how TF names every events file
+# At a restore, the time the earlier events files may take to lose their points past it:
+# a start-up is not held for long by a long run's files; what is left keeps its points
+# for the default loader (the SessionLog.START still drops them for the Python one).
+REWRITE_BUDGET_SECS = 30.0
 
 
 def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], step: int) -> None:
@@ -158,6 +163,25 @@ class EventsFile:
         event.session_log.status = event_pb2.SessionLog.START
         with self._lock, self.writer.as_default():
             summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
+
+    def drop_past(self, step: int, runs: Mapping[str, int]) -> None:
+        """Training thread, at a restore: the earlier events files of the logdir's run
+        without their points after ``step``, and those of each run in ``runs`` (a
+        subdirectory) without theirs after its own step, so that TensorBoard's default
+        loader, which ignores ``SessionLog.START``, draws the history kept too (see
+        ``past_points``). Within ``REWRITE_BUDGET_SECS`` in all."""
+        store = self._store
+        if store is None or self._given is not None or self.path is None:
+            return  # a writer the user gave: its contents are the user's
+        deadline = time.monotonic() + REWRITE_BUDGET_SECS
+        own = {self.path}
+        places = [(store, step, own)]
+        places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
+        for place, last, skip in places:
+            names = [n for n in place.names() if n.startswith(EVENTS_FILE) and n not in skip]
+            budget = deadline - time.monotonic()
+            if names and budget > 0:
+                drop_past_in(place.root, names, last, budget)
 
     def write(self, values: Mapping[str, Any], step: int) -> None:
         with self._lock:

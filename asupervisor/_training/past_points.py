@@ -1,0 +1,179 @@
+"""Dead sessions' points past the restored step, taken out of their events files.
+
+Each session starts its own events file with ``SessionLog.START`` at the step after the
+restored checkpoint: TensorBoard's Python loader then drops what crashed sessions wrote
+at or after it. Its default loader (the ``rustboard`` data server) ignores the marker:
+a point of a tag the new session writes again is replaced when the new one comes, but
+a sparse tag's point (an evaluation every few thousand steps) past the restored step
+stays on the curve for good. So at a restore the chief rewrites the earlier files
+without those points, and every loader draws the run the history kept.
+
+A file is rewritten only when it holds such a point: its kept records are copied byte
+for byte (their framing and checksums as they were) into a temporary file beside it,
+whose name TensorBoard does not read, and that file is renamed over the original, so a
+reader sees the old file or the new one, never half of one; the name stays, and with
+it the order in which TensorBoard reads the files. Bytes that do not frame a record
+(a tail a kill cut short) are kept as they are. Blocking I/O: the training thread's.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import struct
+import time
+from collections.abc import Iterator
+from typing import IO
+
+from .._log import log
+
+HEADER = 12  # a record's length (8 bytes) and the length's checksum (4)
+FOOTER = 4  # the data's checksum
+TEMP_PREFIX = ".asv-rewrite."  # no "tfevents" in it: TensorBoard never reads one
+CHUNK = 1 << 20
+
+
+def _records(file: IO[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
+    """``(raw bytes, the event's data)`` of each record in order; a last piece that does
+    not frame a whole record comes with ``None``."""
+    while True:
+        header = file.read(HEADER)
+        if not header:
+            return
+        if len(header) < HEADER:
+            yield header, None
+            return
+        (length,) = struct.unpack("<Q", header[:8])
+        body = file.read(length + FOOTER)
+        if len(body) < length + FOOTER:
+            yield header + body, None
+            return
+        yield header + body, body[:length]
+
+
+def _past(data: bytes | None, last: int) -> bool:
+    """Whether a record is a summary (a point) at a step after ``last``."""
+    if data is None:
+        return False
+    from tensorflow.core.util import event_pb2
+
+    try:
+        event = event_pb2.Event.FromString(data)
+    except Exception:  # not an event: kept as it is
+        return False
+    return bool(event.HasField("summary") and event.step > last)
+
+
+def _open(path: str, mode: str) -> IO[bytes]:
+    import tensorflow as tf
+
+    if "://" not in path:
+        return open(path, mode)  # closed by the caller's with
+    return tf.io.gfile.GFile(path, mode)  # type: ignore[no-any-return]
+
+
+def has_points_past(path: str, last: int, deadline: float) -> bool | None:
+    """Whether the file holds a point after step ``last`` (``None``: out of time)."""
+    with _open(path, "rb") as file:
+        for _, data in _records(file):
+            if _past(data, last):
+                return True
+            if time.monotonic() > deadline:
+                return None
+    return False
+
+
+def drop_points_past(directory: str, name: str, last: int, deadline: float) -> int | None:
+    """Rewrite ``directory/name`` without the points after step ``last``; how many were
+    dropped (0: the file was left as it was; ``None``: out of time, left as it was)."""
+    path = _join(directory, name)
+    found = has_points_past(path, last, deadline)
+    if not found:
+        return None if found is None else 0
+    temp = _join(directory, f"{TEMP_PREFIX}{os.getpid()}.{name}")
+    dropped = 0
+    try:
+        with _open(path, "rb") as source, _open(temp, "wb") as target:
+            for raw, data in _records(source):
+                if _past(data, last):
+                    dropped += 1
+                else:
+                    target.write(raw)
+                if time.monotonic() > deadline:
+                    raise TimeoutError
+            _sync(target)
+        _replace(temp, path)
+    except TimeoutError:
+        _remove(temp)
+        return None
+    except BaseException:
+        _remove(temp)
+        raise
+    return dropped
+
+
+def drop_past_in(directory: str, names: list[str], last: int, budget_secs: float) -> None:
+    """Every file of ``names`` in ``directory`` without its points after step ``last``,
+    the newest first, in ``budget_secs`` at most; what could not be read or was not
+    reached in time is left as it was (the ``SessionLog.START`` still holds for
+    TensorBoard's Python loader), and said."""
+    deadline = time.monotonic() + budget_secs
+    started = time.perf_counter()
+    for name in sorted(names, reverse=True):
+        try:
+            dropped = drop_points_past(directory, name, last, deadline)
+        except Exception as exc:
+            log.warning(
+                "summary.rewrite_failed",
+                path=_join(directory, name),
+                error=f"{type(exc).__name__}: {exc}",
+            )
+            continue
+        if dropped is None:
+            log.warning(
+                "summary.rewrite_out_of_time",
+                directory=directory,
+                after_step=last,
+                budget_secs=budget_secs,
+            )
+            return
+        if dropped:
+            log.info(
+                "summary.points_dropped",
+                path=_join(directory, name),
+                after_step=last,
+                points=dropped,
+                seconds=round(time.perf_counter() - started, 4),
+            )
+
+
+def _join(directory: str, name: str) -> str:
+    return (
+        f"{directory.rstrip('/')}/{name}" if "://" in directory else os.path.join(directory, name)
+    )
+
+
+def _sync(file: IO[bytes]) -> None:
+    """A local file's bytes on disk before its rename: never an empty file in its place."""
+    file.flush()
+    with contextlib.suppress(AttributeError, OSError):
+        os.fsync(file.fileno())
+
+
+def _replace(temp: str, path: str) -> None:
+    if "://" not in path:
+        os.replace(temp, path)  # atomic: the old file or the new one
+        return
+    import tensorflow as tf
+
+    tf.io.gfile.rename(temp, path, overwrite=True)  # an object is replaced whole
+
+
+def _remove(path: str) -> None:
+    with contextlib.suppress(Exception):
+        if "://" not in path:
+            os.unlink(path)
+        else:
+            import tensorflow as tf
+
+            tf.io.gfile.remove(path)
