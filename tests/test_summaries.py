@@ -520,3 +520,70 @@ async def test_tensorboards_default_loader_draws_no_point_a_killed_session_wrote
     board.show(logdir, "killed")
     assert board.scalars("killed", "sparse", [(3, 3.0)]) == [(3, 3.0)]
     assert board.scalars("killed", "v", kept) == kept
+
+
+def written(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]
+
+
+async def steps_until_written(sess: asv.ManagedSession, events: list[dict[str, Any]]) -> int:
+    """Steps (``loss`` = the step it ends at) until the summary and step-rate services
+    have written a point, then two more; the step of the summary's point."""
+    started = time.monotonic()
+    events.clear()
+    while not written(events, "summary.written") or not written(events, "step_rate.written"):
+        assert time.monotonic() - started < 60, "no early point"
+        await sess.run(lambda: {"loss": float(sess.global_step + 1)})
+        await anyio.sleep(0.01)
+    (point,) = written(events, "summary.written")
+    for _ in range(2):
+        await sess.run(lambda: {"loss": float(sess.global_step + 1)})
+    return int(point["step"])
+
+
+async def test_a_run_shorter_than_the_interval_has_its_first_points_early_and_at_its_end(
+    logdir: str, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default interval (two minutes) is longer than these sessions: each has a point
+    # of the steps' means and of the rate soon after its first step, and one at its end.
+    # The first after a restore is the mean of the steps since it, never one step's.
+    from asupervisor.services import _first
+
+    monkeypatch.setattr(_first, "FIRST_POINT_SECS", 0.2)
+    sv = asv.Supervisor(logdir, checkpoint={}, save_model_secs=0, handle_signals=False)
+    assert sv.save_summaries_secs == 120
+    ends = []
+    for _ in range(2):
+        async with sv.session() as sess:
+            start = sess.global_step
+            early = await steps_until_written(sess, events)
+            assert early >= start + 2
+            ends.append((start, early, sess.global_step))
+    _, acc = read_events(logdir)
+    (s0, e0, end0), (s1, e1, end1) = ends
+    assert s0 == 0
+    assert s1 == end0  # the first session's final save
+    mean = lambda a, b: (a + b) / 2  # noqa: E731 (the mean of the steps a..b's losses)
+    expected = [(e0, mean(1, e0)), (end0, mean(e0 + 1, end0))]
+    expected += [(e1, mean(s1 + 1, e1)), (end1, mean(e1 + 1, end1))]
+    assert points(acc, "loss") == expected
+    rates = [step for step, _ in points(acc, "global_step/sec")]
+    assert len(rates) == 4 and rates[0] < end0 == rates[1] and s1 < rates[2] < end1 == rates[3]
+
+
+async def test_the_first_step_rate_counts_from_a_save_after_the_first_step() -> None:
+    # A restarted run's first timed save comes soon after its first step: the first
+    # rate counts the steps after that save over the time since it, not the save.
+    from types import SimpleNamespace
+
+    from asupervisor.services.step_counter import after_save
+
+    now_loop, now_mono = anyio.current_time(), time.monotonic()
+    first = (10, now_loop - 5.0)  # the first step ended 5 s ago (on the loop's clock)
+    saved = SimpleNamespace(last_save=(11, now_mono - 1.0), global_step=20)
+    step, at = after_save(saved, first)  # type: ignore[arg-type]
+    assert step == 11 and abs(at - (now_loop - 1.0)) < 0.5
+    for last_save in [None, (11, None), (9, now_mono - 6.0), (20, now_mono - 1.0)]:
+        # none, a restored one, one before the first step, one with no step since
+        other = SimpleNamespace(last_save=last_save, global_step=20)
+        assert after_save(other, first) == first  # type: ignore[arg-type]
