@@ -112,11 +112,13 @@ def texts(url: str, run: str, tag: str) -> list[tuple[int, str]]:
 
 
 def settled(read: Callable[[], Any], expected: Any) -> Any:
-    """``read()`` again until it gives ``expected`` (the loader has read the files) or
-    the loader's time is over; the last answer."""
+    """``read()`` again until it gives ``expected`` (or one for which ``expected``, a
+    function, says ``True``): the loader has read the files; or until the loader's time
+    is over. The last answer."""
+    done = expected if callable(expected) else lambda got: got == expected
     deadline = time.monotonic() + LOAD_SECS
     while True:
         got = read()
-        if got == expected or time.monotonic() > deadline:
+        if done(got) or time.monotonic() > deadline:
             return got
         time.sleep(0.5)

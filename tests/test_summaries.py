@@ -587,3 +587,47 @@ async def test_the_first_step_rate_counts_from_a_save_after_the_first_step() -> 
         # none, a restored one, one before the first step, one with no step since
         other = SimpleNamespace(last_save=last_save, global_step=20)
         assert after_save(other, first) == first  # type: ignore[arg-type]
+
+
+async def test_tensorboard_shows_each_restart_its_lost_steps_and_the_goodput_at_the_restored_step(
+    logdir: str, board: Board
+) -> None:
+    # A crash at step 8 (restored: 5), a clean end at 8 (restored: 8): the run's faults
+    # are scalars at the step each session began from, and its history a text table.
+    v = tf.Variable(0.0)
+    await crash_after_eight_steps(logdir, v)
+    for steps in (3, 2):
+        async with every_step(logdir, v).session() as sess:
+            for _ in range(steps):
+                await sess.run(v.assign_add, 1.0)
+    board.show(logdir, "faults")
+    restarts = [(0, 0.0), (5, 1.0), (8, 2.0)]
+    assert board.scalars("faults", "run/restarts", restarts) == restarts
+    lost = [(5, 3.0), (8, 0.0)]  # 8 reached, 5 restored; then 8 and 8
+    assert board.scalars("faults", "run/steps_lost", lost) == lost
+    goodput = board.scalars("faults", "run/goodput", lambda got: len(got) == 2)
+    assert [step for step, _ in goodput] == [5, 8] and all(0 <= g <= 1 for _, g in goodput)
+    texts = board.texts("faults", "run/history", lambda got: len(got) == 3)
+    assert [step for step, _ in texts] == [0, 5, 8]
+    table = texts[-1][1]
+    assert "<table>" in table and "failed" in table and "done (0)" in table
+    assert "2 restarts, goodput" in table
+
+
+async def test_a_killed_sessions_lost_steps_are_those_its_points_were_drawn_to(
+    tmp_path: Any,
+) -> None:
+    # A killed session records no end, nor its step: the points it drew past the
+    # restored step say how far it had come (at least).
+    from asupervisor._logdir import ledger
+    from asupervisor._logdir.store import Store
+    from asupervisor._training.run_story import run_story
+
+    store = Store(str(tmp_path))
+    started = "2026-01-01T00:00:00+00:00"
+    ledger.append(store, {"session": "a", "started": started, "restored_step": 0})
+    ledger.append(store, {"session": "a", "first_step_at": "2026-01-01T00:00:10+00:00"})
+    values = run_story(store, "b", 5, "checkpoint", drawn_to=9)
+    assert values["run/restarts"] == 1.0 and values["run/steps_lost"] == 4.0
+    assert "killed (no end recorded)" in values["run/history"]
+    assert "| 2 | now | 5 | | running | | ≥ 4 |" in values["run/history"]

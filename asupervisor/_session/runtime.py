@@ -33,6 +33,7 @@ from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
 from .._outcome import Outcome, StopReason, reason_of
 from .._training.kept_state import KeptState, key_of
 from .._training.position import Position
+from .._training.run_story import write_story
 from .._training.session_summaries import SessionSummaries
 from .._training.steps import GlobalStep, Stepper
 from .._training.summaries import EventsFile
@@ -159,8 +160,13 @@ class SessionRuntime:
         # Every loader draws the run the history kept: the points that dead sessions
         # wrote past the restored step (or, in Keras' runs, from its epoch on) go.
         epochs = {run: self.position.epoch - 1 for run in RUNS}
-        self.events.drop_past(self.step.value, epochs)
+        drawn_to = self.events.drop_past(self.step.value, epochs)
         self.events.mark_start(self.step.value + 1)  # the restored state's own point stays
+        sv = self.sv
+        if sv.logdir is not None and (sv.save_summaries_secs > 0 or sv.save_summaries_steps):
+            # The faults, on the steps' axis, where summaries are written at all.
+            session_id, source = self.presence.session_id, report.source.value
+            write_story(self.events, sv.logdir, session_id, self.step.value, source, drawn_to)
         self.ready = True
         for hook in self.sv.hooks:
             hook.after_create_session(self.session)

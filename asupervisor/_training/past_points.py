@@ -51,17 +51,17 @@ def _records(file: IO[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
         yield header + body, body[:length]
 
 
-def _past(data: bytes | None, last: int) -> bool:
-    """Whether a record is a summary (a point) at a step after ``last``."""
+def _past(data: bytes | None, last: int) -> int | None:
+    """The step of a record that is a summary (a point) at a step after ``last``."""
     if data is None:
-        return False
+        return None
     from tensorflow.core.util import event_pb2
 
     try:
         event = event_pb2.Event.FromString(data)
     except Exception:  # not an event: kept as it is
-        return False
-    return bool(event.HasField("summary") and event.step > last)
+        return None
+    return int(event.step) if event.HasField("summary") and event.step > last else None
 
 
 def _open(path: str, mode: str) -> IO[bytes]:
@@ -76,27 +76,31 @@ def has_points_past(path: str, last: int, deadline: float) -> bool | None:
     """Whether the file holds a point after step ``last`` (``None``: out of time)."""
     with _open(path, "rb") as file:
         for _, data in _records(file):
-            if _past(data, last):
+            if _past(data, last) is not None:
                 return True
             if time.monotonic() > deadline:
                 return None
     return False
 
 
-def drop_points_past(directory: str, name: str, last: int, deadline: float) -> int | None:
-    """Rewrite ``directory/name`` without the points after step ``last``; how many were
-    dropped (0: the file was left as it was; ``None``: out of time, left as it was)."""
+def drop_points_past(
+    directory: str, name: str, last: int, deadline: float
+) -> tuple[int, int | None] | None:
+    """Rewrite ``directory/name`` without the points after step ``last``: how many were
+    dropped, and the highest step among them (``(0, None)``: the file was left as it
+    was; ``None``: out of time, left as it was)."""
     path = _join(directory, name)
     found = has_points_past(path, last, deadline)
     if not found:
-        return None if found is None else 0
+        return None if found is None else (0, None)
     temp = _join(directory, f"{TEMP_PREFIX}{os.getpid()}.{name}")
-    dropped = 0
+    dropped, highest = 0, last
     try:
         with _open(path, "rb") as source, _open(temp, "wb") as target:
             for raw, data in _records(source):
-                if _past(data, last):
-                    dropped += 1
+                step = _past(data, last)
+                if step is not None:
+                    dropped, highest = dropped + 1, max(highest, step)
                 else:
                     target.write(raw)
                 if time.monotonic() > deadline:
@@ -109,19 +113,21 @@ def drop_points_past(directory: str, name: str, last: int, deadline: float) -> i
     except BaseException:
         _remove(temp)
         raise
-    return dropped
+    return dropped, highest
 
 
-def drop_past_in(directory: str, names: list[str], last: int, budget_secs: float) -> None:
+def drop_past_in(directory: str, names: list[str], last: int, budget_secs: float) -> int | None:
     """Every file of ``names`` in ``directory`` without its points after step ``last``,
     the newest first, in ``budget_secs`` at most; what could not be read or was not
     reached in time is left as it was (the ``SessionLog.START`` still holds for
-    TensorBoard's Python loader), and said."""
+    TensorBoard's Python loader), and said. The highest step of a point dropped
+    (``None``: none was)."""
     deadline = time.monotonic() + budget_secs
     started = time.perf_counter()
+    highest: int | None = None
     for name in sorted(names, reverse=True):
         try:
-            dropped = drop_points_past(directory, name, last, deadline)
+            done = drop_points_past(directory, name, last, deadline)
         except Exception as exc:
             log.warning(
                 "summary.rewrite_failed",
@@ -129,14 +135,17 @@ def drop_past_in(directory: str, names: list[str], last: int, budget_secs: float
                 error=f"{type(exc).__name__}: {exc}",
             )
             continue
-        if dropped is None:
+        if done is None:
             log.warning(
                 "summary.rewrite_out_of_time",
                 directory=directory,
                 after_step=last,
                 budget_secs=budget_secs,
             )
-            return
+            return highest
+        dropped, step = done
+        if step is not None:
+            highest = step if highest is None else max(highest, step)
         if dropped:
             log.info(
                 "summary.points_dropped",
@@ -145,6 +154,7 @@ def drop_past_in(directory: str, names: list[str], last: int, budget_secs: float
                 points=dropped,
                 seconds=round(time.perf_counter() - started, 4),
             )
+    return highest
 
 
 def _join(directory: str, name: str) -> str:

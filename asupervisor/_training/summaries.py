@@ -23,13 +23,16 @@ REWRITE_BUDGET_SECS = 30.0
 
 
 def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], step: int) -> None:
-    """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms."""
+    """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms;
+    text (markdown), text summaries."""
     import tensorflow as tf
 
     with writer.as_default(step=step):
         for tag, value in values.items():
             tensor = tf.convert_to_tensor(value)
-            if tensor.shape.rank == 0:
+            if tensor.dtype == tf.string:
+                tf.summary.text(tag, tensor)
+            elif tensor.shape.rank == 0:
                 tf.summary.scalar(tag, tensor)
             else:
                 tf.summary.histogram(tag, tensor)
@@ -164,24 +167,29 @@ class EventsFile:
         with self._lock, self.writer.as_default():
             summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
 
-    def drop_past(self, step: int, runs: Mapping[str, int]) -> None:
+    def drop_past(self, step: int, runs: Mapping[str, int]) -> int | None:
         """Training thread, at a restore: the earlier events files of the logdir's run
         without their points after ``step``, and those of each run in ``runs`` (a
         subdirectory) without theirs after its own step, so that TensorBoard's default
         loader, which ignores ``SessionLog.START``, draws the history kept too (see
-        ``past_points``). Within ``REWRITE_BUDGET_SECS`` in all."""
+        ``past_points``). Within ``REWRITE_BUDGET_SECS`` in all. The highest step of a
+        point dropped from the logdir's run (``None``: none was): where a dead session
+        had drawn to."""
         store = self._store
         if store is None or self._given is not None or self.path is None:
-            return  # a writer the user gave: its contents are the user's
+            return None  # a writer the user gave: its contents are the user's
         deadline = time.monotonic() + REWRITE_BUDGET_SECS
         own = {self.path}
         places = [(store, step, own)]
         places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
+        reached = None
         for place, last, skip in places:
             names = [n for n in place.names() if n.startswith(EVENTS_FILE) and n not in skip]
             budget = deadline - time.monotonic()
             if names and budget > 0:
-                drop_past_in(place.root, names, last, budget)
+                highest = drop_past_in(place.root, names, last, budget)
+                reached = highest if place is store else reached
+        return reached
 
     def write(self, values: Mapping[str, Any], step: int) -> None:
         with self._lock:
