@@ -501,3 +501,19 @@ async def test_epoch_logs_into_a_writer_of_yours_keep_the_split_in_their_names(
     for tag in ("epoch_loss", "epoch_val_loss", "epoch_learning_rate"):
         assert [e.step for e in acc.Tensors(tag)] == [0, 1], sorted(acc.Tags()["tensors"])
     assert all(n.startswith("events.out.tfevents.") for n in os.listdir(mine))  # no runs
+
+
+async def test_keras_tensorboard_callback_in_fit_is_said_once_with_what_to_do(
+    logdir: str, tmp_path: Any, events: list[dict[str, Any]]
+) -> None:
+    # sess.fit writes Keras' epoch runs itself; Keras' callback would add batch_<metric>
+    # points at a counter that starts again in each session (docs/fit.md).
+    model = compiled()
+    callback = keras.callbacks.TensorBoard(str(tmp_path / "keras"))
+    async with supervisor(logdir, model).session() as sess:
+        await sess.fit(model, dataset(), epochs=2, verbose=0, callbacks=[callback])
+    (said,) = [e for e in events if e["event"] == "fit.tensorboard_callback"]
+    assert said["log_level"] == "warning" and "leave the callback out" in said["hint"]
+    async with supervisor(str(tmp_path / "other"), model).session() as sess:
+        await sess.fit(model, dataset(), epochs=1, verbose=0)  # without it: nothing said
+    assert len([e for e in events if e["event"] == "fit.tensorboard_callback"]) == 1
