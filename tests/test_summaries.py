@@ -631,3 +631,65 @@ async def test_a_killed_sessions_lost_steps_are_those_its_points_were_drawn_to(
     assert values["run/restarts"] == 1.0 and values["run/steps_lost"] == 4.0
     assert "killed (no end recorded)" in values["run/history"]
     assert "| 2 | now | 5 | | running | | ≥ 4 |" in values["run/history"]
+
+
+KILLED_AT_EIGHT = """
+import asyncio, sys
+import tensorflow as tf
+import asupervisor as asv
+
+v = tf.Variable(0.0)
+sv = asv.Supervisor(
+    sys.argv[1], checkpoint={"v": v}, save_model_secs=0, save_model_steps=5,
+    save_summaries_secs=0, save_summaries_steps=1, summary_fn=lambda: {"v": v},
+    handle_signals=False,
+)
+
+async def main():
+    async with sv.session() as sess:
+        for _ in range(8):
+            await sess.run(v.assign_add, 10.0)
+            if sess.global_step == 7:
+                sess.summary_computed({"sparse": 7.0})
+        sv.summary_writer.flush()  # on disk, as TF's writer flushes every 10 events
+        print("ready", flush=True)
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_after_a_sigkill_tensorboard_draws_the_kept_history_and_the_restart(
+    logdir: str, board: Board
+) -> None:
+    # A real SIGKILL at step 8 (checkpoint: 5): the process records no end. TensorBoard's
+    # default loader draws no point of it past 5, and the restart is on the curves, its
+    # lost steps those the killed session's points were drawn to (3).
+    import subprocess
+    import sys
+
+    from tests import forked
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = forked.Popen(
+        [sys.executable, "-c", KILLED_AT_EIGHT, logdir], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.wait(60)
+    v = tf.Variable(0.0)
+    async with every_step(logdir, v).session() as sess:
+        assert sess.restore_report.step == 5
+        for _ in range(3):
+            await sess.run(v.assign_add, 1.0)
+    board.show(logdir, "sigkill")
+    kept = [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0), (7, 52.0), (8, 53.0)]
+    assert board.scalars("sigkill", "v", kept) == kept
+    # Loaded with the files "v" needed: the killed session's point at 7 is not among them.
+    assert board.scalars("sigkill", "sparse", []) == []
+    assert board.scalars("sigkill", "run/restarts", [(0, 0.0), (5, 1.0)]) == [(0, 0.0), (5, 1.0)]
+    assert board.scalars("sigkill", "run/steps_lost", [(5, 3.0)]) == [(5, 3.0)]
+    (_, table), *_ = board.texts("sigkill", "run/history", lambda got: len(got) == 2)[::-1]
+    assert "killed (no end recorded)" in table and "≥ 3" in table  # at least 3 steps lost
