@@ -693,3 +693,33 @@ async def test_after_a_sigkill_tensorboard_draws_the_kept_history_and_the_restar
     assert board.scalars("sigkill", "run/steps_lost", [(5, 3.0)]) == [(5, 3.0)]
     (_, table), *_ = board.texts("sigkill", "run/history", lambda got: len(got) == 2)[::-1]
     assert "killed (no end recorded)" in table and "≥ 3" in table  # at least 3 steps lost
+
+
+async def test_an_events_file_a_writer_of_this_process_may_still_hold_is_not_rewritten(
+    logdir: str,
+) -> None:
+    # A writer of the user's, open in the logdir across the restart: its file keeps its
+    # points past the restore (what it writes next must land in a file TensorBoard reads).
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    os.makedirs(logdir)
+    mine = tf.summary.create_file_writer(logdir)
+    with mine.as_default():
+        tf.summary.scalar("mine", 7.0, step=7)
+    mine.flush()
+    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    v = tf.Variable(0.0)
+    await crash_after_eight_steps(logdir, v)
+    async with every_step(logdir, v).session() as sess:
+        assert sess.restore_report.step == 5
+        await sess.run(v.assign_add, 1.0)
+    with mine.as_default():
+        tf.summary.scalar("mine", 9.0, step=9)
+    mine.close()
+    assert [e.step for e in tf.compat.v1.train.summary_iterator(path) if e.summary.value] == [7, 9]
+    # The session's own crashed file was rewritten all the same.
+    acc = plugin_event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    assert points(acc, "v") == [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0)]
+    crashed = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))[1]
+    assert max(e.step for e in tf.compat.v1.train.summary_iterator(crashed) if e.summary.value) == 5

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -61,6 +63,36 @@ def writer_options(store: Store) -> dict[str, int]:
     on TF's time (and at each point the summary services write, and at the close);
     the queue's bound keeps memory bounded when steps write many summaries."""
     return {} if store.local else {"max_queue": 10_000}
+
+
+# The events files this process's sessions made and closed, by full path. Another file
+# this process made may be open still (a writer of the user's): it is never rewritten,
+# or what its writer writes next would go to a file no longer in the directory.
+_CLOSED_HERE: set[str] = set()
+_CLOSED_LOCK = threading.Lock()
+
+
+def _closed_here(store: Store | None, name: str | None) -> None:
+    if store is not None and name is not None:
+        with _CLOSED_LOCK:
+            _CLOSED_HERE.add(store.path(name))
+
+
+def _not_open_here(store: Store, name: str) -> bool:
+    """Whether no writer of this process can have ``name`` open: another process made
+    it (TF names a file ``<second>.<host>.<pid>.<counter>.v2``), or one of this
+    process's sessions did and closed it."""
+    parts = name[len(EVENTS_FILE) :].split(".")
+    made_here = (
+        len(parts) >= 5
+        and parts[-1] == "v2"
+        and parts[-3] == str(os.getpid())
+        and ".".join(parts[1:-3]) == socket.gethostname()
+    )
+    if not made_here:
+        return True
+    with _CLOSED_LOCK:
+        return store.path(name) in _CLOSED_HERE
 
 
 def _second(name: str) -> int | None:
@@ -184,7 +216,11 @@ class EventsFile:
         places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
         reached = None
         for place, last, skip in places:
-            names = [n for n in place.names() if n.startswith(EVENTS_FILE) and n not in skip]
+            names = [
+                n
+                for n in place.names()
+                if n.startswith(EVENTS_FILE) and n not in skip and _not_open_here(place, n)
+            ]
             budget = deadline - time.monotonic()
             if names and budget > 0:
                 highest = drop_past_in(place.root, names, last, budget)
@@ -259,6 +295,7 @@ class EventsFile:
                 try:
                     if self._given is None:
                         self.writer.close()  # flushes
+                        _closed_here(self._store, self.path)
                     else:
                         self.writer.flush()
                 except Exception as exc:
