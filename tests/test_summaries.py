@@ -502,6 +502,9 @@ async def test_tensorboards_default_loader_draws_no_point_a_killed_session_wrote
             raise RuntimeError("crash")
     (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
     records_before = records(crashed)
+    leftover = os.path.join(logdir, ".asv-rewrite.1.events.out.tfevents.1.x.1.0.v2")
+    with open(leftover, "wb") as f:  # what a rewrite given up on would have left
+        f.write(b"partial")
     async with every_step(logdir, v).session() as sess:
         assert sess.restore_report.step == 5
         for _ in range(3):
@@ -723,3 +726,24 @@ async def test_an_events_file_a_writer_of_this_process_may_still_hold_is_not_rew
     assert points(acc, "v") == [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0)]
     crashed = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))[1]
     assert max(e.step for e in tf.compat.v1.train.summary_iterator(crashed) if e.summary.value) == 5
+
+
+async def test_a_rewrite_given_up_on_leaves_the_file_as_it_was(logdir: str) -> None:
+    # A stop during the start-up gives the rewrite up: the file in hand stays whole.
+    from asupervisor._training.past_points import drop_past_in
+
+    v = tf.Variable(0.0)
+    await crash_after_eight_steps(logdir, v)
+    (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    before = records(crashed)
+    looks = []
+
+    def check() -> None:  # the third look: the rewrite has begun (the scan found 6..8)
+        looks.append(1)
+        if len(looks) > 2:
+            raise RuntimeError("given up on")
+
+    with pytest.raises(RuntimeError, match="given up on"):
+        drop_past_in(logdir, [os.path.basename(crashed)], 5, 30.0, check)
+    assert records(crashed) == before
+    assert len(looks) >= 3 and not [n for n in os.listdir(logdir) if "asv-rewrite" in n]

@@ -160,7 +160,7 @@ class SessionRuntime:
         # Every loader draws the run the history kept: the points that dead sessions
         # wrote past the restored step (or, in Keras' runs, from its epoch on) go.
         epochs = {run: self.position.epoch - 1 for run in RUNS}
-        drawn_to = self.events.drop_past(self.step.value, epochs)
+        drawn_to = self.events.drop_past(self.step.value, epochs, self.thread.check_fence)
         self.events.mark_start(self.step.value + 1)  # the restored state's own point stays
         sv = self.sv
         if sv.logdir is not None and (sv.save_summaries_secs > 0 or sv.save_summaries_steps):

@@ -22,7 +22,7 @@ import contextlib
 import os
 import struct
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import IO
 
 from .._log import log
@@ -30,7 +30,7 @@ from .._log import log
 HEADER = 12  # a record's length (8 bytes) and the length's checksum (4)
 FOOTER = 4  # the data's checksum
 TEMP_PREFIX = ".asv-rewrite."  # no "tfevents" in it: TensorBoard never reads one
-CHUNK = 1 << 20
+CHECK_EVERY = 4096  # records between two looks at whether the start-up was given up on
 
 
 def _records(file: IO[bytes]) -> Iterator[tuple[bytes, bytes | None]]:
@@ -72,32 +72,43 @@ def _open(path: str, mode: str) -> IO[bytes]:
     return tf.io.gfile.GFile(path, mode)  # type: ignore[no-any-return]
 
 
-def has_points_past(path: str, last: int, deadline: float) -> bool | None:
-    """Whether the file holds a point after step ``last`` (``None``: out of time)."""
+def has_points_past(
+    path: str, last: int, deadline: float, check: Callable[[], None] = lambda: None
+) -> bool | None:
+    """Whether the file holds a point after step ``last`` (``None``: out of time);
+    ``check()`` raises to give up."""
     with _open(path, "rb") as file:
-        for _, data in _records(file):
+        for count, (_, data) in enumerate(_records(file)):
             if _past(data, last) is not None:
                 return True
             if time.monotonic() > deadline:
                 return None
+            if count % CHECK_EVERY == 0:
+                check()
     return False
 
 
 def drop_points_past(
-    directory: str, name: str, last: int, deadline: float
+    directory: str,
+    name: str,
+    last: int,
+    deadline: float,
+    check: Callable[[], None] = lambda: None,
 ) -> tuple[int, int | None] | None:
     """Rewrite ``directory/name`` without the points after step ``last``: how many were
     dropped, and the highest step among them (``(0, None)``: the file was left as it
     was; ``None``: out of time, left as it was)."""
     path = _join(directory, name)
-    found = has_points_past(path, last, deadline)
+    found = has_points_past(path, last, deadline, check)
     if not found:
         return None if found is None else (0, None)
     temp = _join(directory, f"{TEMP_PREFIX}{os.getpid()}.{name}")
     dropped, highest = 0, last
     try:
         with _open(path, "rb") as source, _open(temp, "wb") as target:
-            for raw, data in _records(source):
+            for count, (raw, data) in enumerate(_records(source)):
+                if count % CHECK_EVERY == 0:
+                    check()
                 step = _past(data, last)
                 if step is not None:
                     dropped, highest = dropped + 1, max(highest, step)
@@ -116,19 +127,28 @@ def drop_points_past(
     return dropped, highest
 
 
-def drop_past_in(directory: str, names: list[str], last: int, budget_secs: float) -> int | None:
+def drop_past_in(
+    directory: str,
+    names: list[str],
+    last: int,
+    budget_secs: float,
+    check: Callable[[], None] = lambda: None,
+) -> int | None:
     """Every file of ``names`` in ``directory`` without its points after step ``last``,
     the newest first, in ``budget_secs`` at most; what could not be read or was not
     reached in time is left as it was (the ``SessionLog.START`` still holds for
     TensorBoard's Python loader), and said. The highest step of a point dropped
-    (``None``: none was)."""
+    (``None``: none was). ``check()`` raises when the start-up was given up on (a stop
+    came): the rewrite ends there, the file in hand as it was."""
     deadline = time.monotonic() + budget_secs
     started = time.perf_counter()
     highest: int | None = None
     for name in sorted(names, reverse=True):
+        check()
         try:
-            done = drop_points_past(directory, name, last, deadline)
+            done = drop_points_past(directory, name, last, deadline, check)
         except Exception as exc:
+            check()  # given up on: that, not the file, is why
             log.warning(
                 "summary.rewrite_failed",
                 path=_join(directory, name),

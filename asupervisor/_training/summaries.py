@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._log import log
 from .._logdir.store import Store
-from .past_points import drop_past_in
+from .past_points import TEMP_PREFIX, drop_past_in
 
 if TYPE_CHECKING:
     import tensorflow as tf
@@ -199,14 +199,17 @@ class EventsFile:
         with self._lock, self.writer.as_default():
             summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
 
-    def drop_past(self, step: int, runs: Mapping[str, int]) -> int | None:
+    def drop_past(
+        self, step: int, runs: Mapping[str, int], check: Callable[[], None] = lambda: None
+    ) -> int | None:
         """Training thread, at a restore: the earlier events files of the logdir's run
         without their points after ``step``, and those of each run in ``runs`` (a
         subdirectory) without theirs after its own step, so that TensorBoard's default
         loader, which ignores ``SessionLog.START``, draws the history kept too (see
         ``past_points``). Within ``REWRITE_BUDGET_SECS`` in all. The highest step of a
         point dropped from the logdir's run (``None``: none was): where a dead session
-        had drawn to."""
+        had drawn to. ``check()`` raises when the start-up was given up on. What a
+        rewrite that was given up on left (its temporary file) goes first."""
         store = self._store
         if store is None or self._given is not None or self.path is None:
             return None  # a writer the user gave: its contents are the user's
@@ -216,6 +219,9 @@ class EventsFile:
         places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
         reached = None
         for place, last, skip in places:
+            for leftover in [n for n in place.names() if n.startswith(TEMP_PREFIX)]:
+                with contextlib.suppress(Exception):  # an object store's error too
+                    place.remove(leftover)
             names = [
                 n
                 for n in place.names()
@@ -223,7 +229,7 @@ class EventsFile:
             ]
             budget = deadline - time.monotonic()
             if names and budget > 0:
-                highest = drop_past_in(place.root, names, last, budget)
+                highest = drop_past_in(place.root, names, last, budget, check)
                 reached = highest if place is store else reached
         return reached
 
