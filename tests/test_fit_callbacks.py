@@ -287,6 +287,12 @@ async def test_a_resumed_fit_draws_each_epoch_once(logdir: str) -> None:
         points = drawn[run]["epoch_loss"]
         assert [s for s, _ in points] == [0, 1, 2]
         assert [v for _, v in points] == pytest.approx(history.history[name])
+    # The crashed session's own files lost the epochs done again (TensorBoard's default
+    # loader ignores the SessionLog.START that drops them for the one read above).
+    for run in ("train", "validation"):
+        crashed = sorted(glob.glob(os.path.join(logdir, run, "events.out.tfevents.*")))[0]
+        steps = [e.step for e in tf.compat.v1.train.summary_iterator(crashed) if e.summary.value]
+        assert steps == [], (run, steps)
 
 
 async def test_a_stop_mid_epoch_runs_the_cut_epochs_end_once_in_the_resumed_run(
@@ -501,3 +507,19 @@ async def test_epoch_logs_into_a_writer_of_yours_keep_the_split_in_their_names(
     for tag in ("epoch_loss", "epoch_val_loss", "epoch_learning_rate"):
         assert [e.step for e in acc.Tensors(tag)] == [0, 1], sorted(acc.Tags()["tensors"])
     assert all(n.startswith("events.out.tfevents.") for n in os.listdir(mine))  # no runs
+
+
+async def test_keras_tensorboard_callback_in_fit_is_said_once_with_what_to_do(
+    logdir: str, tmp_path: Any, events: list[dict[str, Any]]
+) -> None:
+    # sess.fit writes Keras' epoch runs itself; Keras' callback would add batch_<metric>
+    # points at a counter that starts again in each session (docs/fit.md).
+    model = compiled()
+    callback = keras.callbacks.TensorBoard(str(tmp_path / "keras"))
+    async with supervisor(logdir, model).session() as sess:
+        await sess.fit(model, dataset(), epochs=2, verbose=0, callbacks=[callback])
+    (said,) = [e for e in events if e["event"] == "fit.tensorboard_callback"]
+    assert said["log_level"] == "warning" and "leave the callback out" in said["hint"]
+    async with supervisor(str(tmp_path / "other"), model).session() as sess:
+        await sess.fit(model, dataset(), epochs=1, verbose=0)  # without it: nothing said
+    assert len([e for e in events if e["event"] == "fit.tensorboard_callback"]) == 1

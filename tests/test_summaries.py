@@ -5,6 +5,7 @@ from __future__ import annotations
 import glob
 import os
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import anyio
@@ -13,6 +14,7 @@ import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import asupervisor as asv
+from tests.board import Board, tensorboard
 from tests.conftest import Pair
 
 pytestmark = pytest.mark.asyncio
@@ -301,6 +303,17 @@ async def test_in_step_summaries_land_at_the_step_of_summary_fn(
     assert scalars(acc, "outside") == [(n, float(n)) for n in range(1, 6)]
 
 
+def records(path: str) -> list[bytes]:
+    return [r.numpy() for r in tf.data.TFRecordDataset(path)]
+
+
+def past(record: bytes, step: int) -> bool:
+    from tensorflow.core.util import event_pb2
+
+    event = event_pb2.Event.FromString(record)
+    return event.HasField("summary") and event.step > step
+
+
 def every_step(logdir: str, v: tf.Variable) -> asv.Supervisor:
     """``v`` drawn at every step, a checkpoint every 5 steps."""
     return asv.Supervisor(
@@ -461,3 +474,276 @@ async def test_a_deleted_events_file_under_a_traced_summary_step_is_renewed_in_p
     points = scalars(acc, "in_step")
     assert points and all(step == value for step, value in points), points  # at N+1, not N
     assert points[-1] == (sess.global_step, float(sess.global_step))
+
+
+@pytest.fixture(scope="module")
+def board(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Board]:
+    """TensorBoard's server with its default (fast) loader, for this module's tests."""
+    root = str(tmp_path_factory.mktemp("board"))
+    with tensorboard(root) as url:
+        yield Board(root, url)
+
+
+async def test_tensorboards_default_loader_draws_no_point_a_killed_session_wrote_past_the_restore(
+    logdir: str, board: Board
+) -> None:
+    # TensorBoard's fast loader (its default) ignores SessionLog.START: at the restore,
+    # the dead session's file loses its points past step 5, and keeps its name and the
+    # rest of its records. A sparse tag (an evaluation) is where a point would stay.
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    v = tf.Variable(0.0)
+    with pytest.raises(RuntimeError, match="crash"):
+        async with every_step(logdir, v).session() as sess:
+            for _ in range(8):
+                await sess.run(v.assign_add, 10.0)
+                if sess.global_step in (3, 7):
+                    sess.summary_computed({"sparse": float(sess.global_step)})
+            raise RuntimeError("crash")
+    (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    records_before = records(crashed)
+    leftover = os.path.join(logdir, ".asv-rewrite.1.events.out.tfevents.1.x.1.0.v2")
+    with open(leftover, "wb") as f:  # what a rewrite given up on would have left
+        f.write(b"partial")
+    async with every_step(logdir, v).session() as sess:
+        assert sess.restore_report.step == 5
+        for _ in range(3):
+            await sess.run(v.assign_add, 1.0)
+    assert os.path.exists(crashed)  # the same name: TensorBoard's order of the files
+    # The points past step 5 are gone (6..8 of "v" and of the rate, 7 of "sparse"),
+    # and nothing else: the file's other records stay as they were, in their order.
+    assert records(crashed) == [r for r in records_before if not past(r, 5)]
+    assert len(records_before) - len(records(crashed)) == 7
+    kept = [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0), (7, 52.0), (8, 53.0)]
+    acc = plugin_event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    assert points(acc, "v") == kept
+    assert points(acc, "sparse") == [(3, 3.0)]
+    assert not [n for n in os.listdir(logdir) if n.startswith(".asv-rewrite")]
+    board.show(logdir, "killed")
+    assert board.scalars("killed", "sparse", [(3, 3.0)]) == [(3, 3.0)]
+    assert board.scalars("killed", "v", kept) == kept
+
+
+def written(events: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [e for e in events if e["event"] == name]
+
+
+async def steps_until_written(sess: asv.ManagedSession, events: list[dict[str, Any]]) -> int:
+    """Steps (``loss`` = the step it ends at) until the summary and step-rate services
+    have written a point, then two more; the step of the summary's point."""
+    started = time.monotonic()
+    events.clear()
+    while not written(events, "summary.written") or not written(events, "step_rate.written"):
+        assert time.monotonic() - started < 60, "no early point"
+        await sess.run(lambda: {"loss": float(sess.global_step + 1)})
+        await anyio.sleep(0.01)
+    (point,) = written(events, "summary.written")
+    for _ in range(2):
+        await sess.run(lambda: {"loss": float(sess.global_step + 1)})
+    return int(point["step"])
+
+
+async def test_a_run_shorter_than_the_interval_has_its_first_points_early_and_at_its_end(
+    logdir: str, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The default interval (two minutes) is longer than these sessions: each has a point
+    # of the steps' means and of the rate soon after its first step, and one at its end.
+    # The first after a restore is the mean of the steps since it, never one step's.
+    from asupervisor.services import _first
+
+    monkeypatch.setattr(_first, "FIRST_POINT_SECS", 0.2)
+    sv = asv.Supervisor(logdir, checkpoint={}, save_model_secs=0, handle_signals=False)
+    assert sv.save_summaries_secs == 120
+    ends = []
+    for _ in range(2):
+        async with sv.session() as sess:
+            start = sess.global_step
+            early = await steps_until_written(sess, events)
+            assert early >= start + 2
+            ends.append((start, early, sess.global_step))
+    _, acc = read_events(logdir)
+    (s0, e0, end0), (s1, e1, end1) = ends
+    assert s0 == 0
+    assert s1 == end0  # the first session's final save
+    mean = lambda a, b: (a + b) / 2  # noqa: E731 (the mean of the steps a..b's losses)
+    expected = [(e0, mean(1, e0)), (end0, mean(e0 + 1, end0))]
+    expected += [(e1, mean(s1 + 1, e1)), (end1, mean(e1 + 1, end1))]
+    assert points(acc, "loss") == expected
+    rates = [step for step, _ in points(acc, "global_step/sec")]
+    assert len(rates) == 4 and rates[0] < end0 == rates[1] and s1 < rates[2] < end1 == rates[3]
+
+
+async def test_the_first_step_rate_counts_from_a_save_after_the_first_step() -> None:
+    # A restarted run's first timed save comes soon after its first step: the first
+    # rate counts the steps after that save over the time since it, not the save.
+    from types import SimpleNamespace
+
+    from asupervisor.services.step_counter import after_save
+
+    now_loop, now_mono = anyio.current_time(), time.monotonic()
+    first = (10, now_loop - 5.0)  # the first step ended 5 s ago (on the loop's clock)
+    saved = SimpleNamespace(last_save=(11, now_mono - 1.0), global_step=20)
+    step, at = after_save(saved, first)  # type: ignore[arg-type]
+    assert step == 11 and abs(at - (now_loop - 1.0)) < 0.5
+    for last_save in [None, (11, None), (9, now_mono - 6.0), (20, now_mono - 1.0)]:
+        # none, a restored one, one before the first step, one with no step since
+        other = SimpleNamespace(last_save=last_save, global_step=20)
+        assert after_save(other, first) == first  # type: ignore[arg-type]
+
+
+async def test_tensorboard_shows_each_restart_its_lost_steps_and_the_goodput_at_the_restored_step(
+    logdir: str, board: Board
+) -> None:
+    # A crash at step 8 (restored: 5), a clean end at 8 (restored: 8): the run's faults
+    # are scalars at the step each session began from, and its history a text table.
+    v = tf.Variable(0.0)
+    await crash_after_eight_steps(logdir, v)
+    for steps in (3, 2):
+        async with every_step(logdir, v).session() as sess:
+            for _ in range(steps):
+                await sess.run(v.assign_add, 1.0)
+    board.show(logdir, "faults")
+    restarts = [(0, 0.0), (5, 1.0), (8, 2.0)]
+    assert board.scalars("faults", "run/restarts", restarts) == restarts
+    lost = [(5, 3.0), (8, 0.0)]  # 8 reached, 5 restored; then 8 and 8
+    assert board.scalars("faults", "run/steps_lost", lost) == lost
+    goodput = board.scalars("faults", "run/goodput", lambda got: len(got) == 2)
+    assert [step for step, _ in goodput] == [5, 8] and all(0 <= g <= 1 for _, g in goodput)
+    texts = board.texts("faults", "run/history", lambda got: len(got) == 3)
+    assert [step for step, _ in texts] == [0, 5, 8]
+    table = texts[-1][1]
+    assert "<table>" in table and "failed" in table and "done (0)" in table
+    assert "2 restarts, goodput" in table
+
+
+async def test_a_killed_sessions_lost_steps_are_those_its_points_were_drawn_to(
+    tmp_path: Any,
+) -> None:
+    # A killed session records no end, nor its step: the points it drew past the
+    # restored step say how far it had come (at least).
+    from asupervisor._logdir import ledger
+    from asupervisor._logdir.store import Store
+    from asupervisor._training.run_story import run_story
+
+    store = Store(str(tmp_path))
+    started = "2026-01-01T00:00:00+00:00"
+    ledger.append(store, {"session": "a", "started": started, "restored_step": 0})
+    ledger.append(store, {"session": "a", "first_step_at": "2026-01-01T00:00:10+00:00"})
+    values = run_story(store, "b", 5, "checkpoint", drawn_to=9)
+    assert values["run/restarts"] == 1.0 and values["run/steps_lost"] == 4.0
+    assert "killed (no end recorded)" in values["run/history"]
+    assert "| 2 | now | 5 | | running | | ≥ 4 |" in values["run/history"]
+
+
+KILLED_AT_EIGHT = """
+import asyncio, sys
+import tensorflow as tf
+import asupervisor as asv
+
+v = tf.Variable(0.0)
+sv = asv.Supervisor(
+    sys.argv[1], checkpoint={"v": v}, save_model_secs=0, save_model_steps=5,
+    save_summaries_secs=0, save_summaries_steps=1, summary_fn=lambda: {"v": v},
+    handle_signals=False,
+)
+
+async def main():
+    async with sv.session() as sess:
+        for _ in range(8):
+            await sess.run(v.assign_add, 10.0)
+            if sess.global_step == 7:
+                sess.summary_computed({"sparse": 7.0})
+        sv.summary_writer.flush()  # on disk, as TF's writer flushes every 10 events
+        print("ready", flush=True)
+        await asyncio.sleep(600)
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_after_a_sigkill_tensorboard_draws_the_kept_history_and_the_restart(
+    logdir: str, board: Board
+) -> None:
+    # A real SIGKILL at step 8 (checkpoint: 5): the process records no end. TensorBoard's
+    # default loader draws no point of it past 5, and the restart is on the curves, its
+    # lost steps those the killed session's points were drawn to (3).
+    import subprocess
+    import sys
+
+    from tests import forked
+
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2"}
+    proc = forked.Popen(
+        [sys.executable, "-c", KILLED_AT_EIGHT, logdir], stdout=subprocess.PIPE, text=True, env=env
+    )
+    assert proc.stdout is not None
+    assert proc.stdout.readline() == "ready\n"
+    proc.kill()
+    proc.wait(60)
+    v = tf.Variable(0.0)
+    async with every_step(logdir, v).session() as sess:
+        assert sess.restore_report.step == 5
+        for _ in range(3):
+            await sess.run(v.assign_add, 1.0)
+    board.show(logdir, "sigkill")
+    kept = [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0), (7, 52.0), (8, 53.0)]
+    assert board.scalars("sigkill", "v", kept) == kept
+    # Loaded with the files "v" needed: the killed session's point at 7 is not among them.
+    assert board.scalars("sigkill", "sparse", []) == []
+    assert board.scalars("sigkill", "run/restarts", [(0, 0.0), (5, 1.0)]) == [(0, 0.0), (5, 1.0)]
+    assert board.scalars("sigkill", "run/steps_lost", [(5, 3.0)]) == [(5, 3.0)]
+    (_, table), *_ = board.texts("sigkill", "run/history", lambda got: len(got) == 2)[::-1]
+    assert "killed (no end recorded)" in table and "≥ 3" in table  # at least 3 steps lost
+
+
+async def test_an_events_file_a_writer_of_this_process_may_still_hold_is_not_rewritten(
+    logdir: str,
+) -> None:
+    # A writer of the user's, open in the logdir across the restart: its file keeps its
+    # points past the restore (what it writes next must land in a file TensorBoard reads).
+    from tensorboard.backend.event_processing import plugin_event_accumulator
+
+    os.makedirs(logdir)
+    mine = tf.summary.create_file_writer(logdir)
+    with mine.as_default():
+        tf.summary.scalar("mine", 7.0, step=7)
+    mine.flush()
+    (path,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    v = tf.Variable(0.0)
+    await crash_after_eight_steps(logdir, v)
+    async with every_step(logdir, v).session() as sess:
+        assert sess.restore_report.step == 5
+        await sess.run(v.assign_add, 1.0)
+    with mine.as_default():
+        tf.summary.scalar("mine", 9.0, step=9)
+    mine.close()
+    assert [e.step for e in tf.compat.v1.train.summary_iterator(path) if e.summary.value] == [7, 9]
+    # The session's own crashed file was rewritten all the same.
+    acc = plugin_event_accumulator.EventAccumulator(logdir, size_guidance={"tensors": 0})
+    acc.Reload()
+    assert points(acc, "v") == [(1, 10.0), (2, 20.0), (3, 30.0), (4, 40.0), (5, 50.0), (6, 51.0)]
+    crashed = sorted(glob.glob(os.path.join(logdir, "events.out.tfevents.*")))[1]
+    assert max(e.step for e in tf.compat.v1.train.summary_iterator(crashed) if e.summary.value) == 5
+
+
+async def test_a_rewrite_given_up_on_leaves_the_file_as_it_was(logdir: str) -> None:
+    # A stop during the start-up gives the rewrite up: the file in hand stays whole.
+    from asupervisor._training.past_points import drop_past_in
+
+    v = tf.Variable(0.0)
+    await crash_after_eight_steps(logdir, v)
+    (crashed,) = glob.glob(os.path.join(logdir, "events.out.tfevents.*"))
+    before = records(crashed)
+    looks = []
+
+    def check() -> None:  # the third look: the rewrite has begun (the scan found 6..8)
+        looks.append(1)
+        if len(looks) > 2:
+            raise RuntimeError("given up on")
+
+    with pytest.raises(RuntimeError, match="given up on"):
+        drop_past_in(logdir, [os.path.basename(crashed)], 5, 30.0, check)
+    assert records(crashed) == before
+    assert len(looks) >= 3 and not [n for n in os.listdir(logdir) if "asv-rewrite" in n]

@@ -28,6 +28,7 @@ from .._errors import (
 from .._kinds import JobKind, Phase, RestoreSource
 from .._log import log
 from .._logdir import heartbeat as _heartbeat
+from .._logdir.files import RUNS
 from .._logdir.lock import LeaseLock, LogdirLock, WriteGuard
 from .._outcome import Outcome, StopReason, reason_of
 from .._training.kept_state import KeptState, key_of
@@ -35,6 +36,7 @@ from .._training.makeup import KEY as MAKEUP_KEY
 from .._training.makeup import KIND as MAKEUP_KIND
 from .._training.makeup import Makeup
 from .._training.position import Position
+from .._training.run_story import write_story
 from .._training.session_summaries import SessionSummaries
 from .._training.steps import GlobalStep, Stepper
 from .._training.summaries import EventsFile
@@ -167,7 +169,16 @@ class SessionRuntime:
         if report.source is RestoreSource.CHECKPOINT:  # what changed since that commit
             self.kept.give_back(MAKEUP_KIND, [self.makeup], [MAKEUP_KEY])
         self.stepper.begin(self.step.value)
+        # Every loader draws the run the history kept: the points that dead sessions
+        # wrote past the restored step (or, in Keras' runs, from its epoch on) go.
+        epochs = {run: self.position.epoch - 1 for run in RUNS}
+        drawn_to = self.events.drop_past(self.step.value, epochs, self.thread.check_fence)
         self.events.mark_start(self.step.value + 1)  # the restored state's own point stays
+        sv = self.sv
+        if sv.logdir is not None and (sv.save_summaries_secs > 0 or sv.save_summaries_steps):
+            # The faults, on the steps' axis, where summaries are written at all.
+            session_id, source = self.presence.session_id, report.source.value
+            write_story(self.events, sv.logdir, session_id, self.step.value, source, drawn_to)
         self.ready = True
         for hook in self.sv.hooks:
             hook.after_create_session(self.session)

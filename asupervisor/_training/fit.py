@@ -253,6 +253,8 @@ class FitRun:
         verbose = setup["verbose"]
         self.validation = validation
         self.user = list(user)
+        if self.runtime.events.writer is not None:
+            warn_tensorboard_callback(self.user)
         self.keys = [key_of(i, cb) for i, cb in enumerate(self.user)]
         self.runtime.kept.track("callbacks", self.user, self.keys)
         self.runtime.kept.track("fit", [self.means], [RunningMeans.KEY])
@@ -406,6 +408,26 @@ def _due(epoch: int, freq: Any) -> bool:
     if isinstance(freq, int):
         return (epoch + 1) % freq == 0
     return epoch + 1 in freq
+
+
+def warn_tensorboard_callback(callbacks: Sequence[Any]) -> None:
+    """Keras' ``TensorBoard`` callback in a session that writes summaries: one line that
+    says what it adds. ``sess.fit`` already writes what it writes at an epoch's end
+    (the ``train``/``validation`` runs); with the session's writer the default one on
+    the training thread, the callback also writes ``batch_<metric>`` for every batch at
+    its own batch counter, which starts again at 1 in each session (plain Keras writes
+    none with ``update_freq="epoch"``: it has no default writer)."""
+    import keras
+
+    found = [cb for cb in callbacks if isinstance(cb, keras.callbacks.TensorBoard)]
+    if found:
+        log.warning(
+            "fit.tensorboard_callback",
+            log_dir=[str(getattr(cb, "log_dir", "?")) for cb in found],
+            hint="sess.fit writes Keras' epoch runs itself: leave the callback out "
+            "(with it, its batch_<metric> points go into the logdir's run at a batch "
+            "counter that starts again at 1 in each session, over the points before)",
+        )
 
 
 def _evaluate(model: Any, validation: dict[str, Any], callbacks: Any) -> dict[str, Any]:

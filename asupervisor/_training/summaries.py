@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import contextlib
+import os
+import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -10,21 +12,29 @@ from typing import TYPE_CHECKING, Any
 
 from .._log import log
 from .._logdir.store import Store
+from .past_points import TEMP_PREFIX, drop_past_in
 
 if TYPE_CHECKING:
     import tensorflow as tf
 
 EVENTS_FILE = "events.out.tfevents."  # how TF names every events file
+# At a restore, the time the earlier events files may take to lose their points past it:
+# a start-up is not held for long by a long run's files; what is left keeps its points
+# for the default loader (the SessionLog.START still drops them for the Python one).
+REWRITE_BUDGET_SECS = 30.0
 
 
 def write_values(writer: tf.summary.SummaryWriter, values: Mapping[str, Any], step: int) -> None:
-    """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms."""
+    """Scalars (numbers, 0-d tensors) become scalar summaries; rank >= 1, histograms;
+    text (markdown), text summaries."""
     import tensorflow as tf
 
     with writer.as_default(step=step):
         for tag, value in values.items():
             tensor = tf.convert_to_tensor(value)
-            if tensor.shape.rank == 0:
+            if tensor.dtype == tf.string:
+                tf.summary.text(tag, tensor)
+            elif tensor.shape.rank == 0:
                 tf.summary.scalar(tag, tensor)
             else:
                 tf.summary.histogram(tag, tensor)
@@ -53,6 +63,36 @@ def writer_options(store: Store) -> dict[str, int]:
     on TF's time (and at each point the summary services write, and at the close);
     the queue's bound keeps memory bounded when steps write many summaries."""
     return {} if store.local else {"max_queue": 10_000}
+
+
+# The events files this process's sessions made and closed, by full path. Another file
+# this process made may be open still (a writer of the user's): it is never rewritten,
+# or what its writer writes next would go to a file no longer in the directory.
+_CLOSED_HERE: set[str] = set()
+_CLOSED_LOCK = threading.Lock()
+
+
+def _closed_here(store: Store | None, name: str | None) -> None:
+    if store is not None and name is not None:
+        with _CLOSED_LOCK:
+            _CLOSED_HERE.add(store.path(name))
+
+
+def _not_open_here(store: Store, name: str) -> bool:
+    """Whether no writer of this process can have ``name`` open: another process made
+    it (TF names a file ``<second>.<host>.<pid>.<counter>.v2``), or one of this
+    process's sessions did and closed it."""
+    parts = name[len(EVENTS_FILE) :].split(".")
+    made_here = (
+        len(parts) >= 5
+        and parts[-1] == "v2"
+        and parts[-3] == str(os.getpid())
+        and ".".join(parts[1:-3]) == socket.gethostname()
+    )
+    if not made_here:
+        return True
+    with _CLOSED_LOCK:
+        return store.path(name) in _CLOSED_HERE
 
 
 def _second(name: str) -> int | None:
@@ -159,6 +199,40 @@ class EventsFile:
         with self._lock, self.writer.as_default():
             summary_ops_v2.import_event(tf.constant(event.SerializeToString()))
 
+    def drop_past(
+        self, step: int, runs: Mapping[str, int], check: Callable[[], None] = lambda: None
+    ) -> int | None:
+        """Training thread, at a restore: the earlier events files of the logdir's run
+        without their points after ``step``, and those of each run in ``runs`` (a
+        subdirectory) without theirs after its own step, so that TensorBoard's default
+        loader, which ignores ``SessionLog.START``, draws the history kept too (see
+        ``past_points``). Within ``REWRITE_BUDGET_SECS`` in all. The highest step of a
+        point dropped from the logdir's run (``None``: none was): where a dead session
+        had drawn to. ``check()`` raises when the start-up was given up on. What a
+        rewrite that was given up on left (its temporary file) goes first."""
+        store = self._store
+        if store is None or self._given is not None or self.path is None:
+            return None  # a writer the user gave: its contents are the user's
+        deadline = time.monotonic() + REWRITE_BUDGET_SECS
+        own = {self.path}
+        places = [(store, step, own)]
+        places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
+        reached = None
+        for place, last, skip in places:
+            for leftover in [n for n in place.names() if n.startswith(TEMP_PREFIX)]:
+                with contextlib.suppress(Exception):  # an object store's error too
+                    place.remove(leftover)
+            names = [
+                n
+                for n in place.names()
+                if n.startswith(EVENTS_FILE) and n not in skip and _not_open_here(place, n)
+            ]
+            budget = deadline - time.monotonic()
+            if names and budget > 0:
+                highest = drop_past_in(place.root, names, last, budget, check)
+                reached = highest if place is store else reached
+        return reached
+
     def write(self, values: Mapping[str, Any], step: int) -> None:
         with self._lock:
             self._renew_if_lost()
@@ -227,6 +301,7 @@ class EventsFile:
                 try:
                     if self._given is None:
                         self.writer.close()  # flushes
+                        _closed_here(self._store, self.path)
                     else:
                         self.writer.flush()
                 except Exception as exc:

@@ -8,11 +8,14 @@ from typing import Any
 from asupervisor import ManagedSession, logger
 
 from ._checks import positive
+from ._first import until_first_point
 
 
 class SummaryService:
     """Evaluates ``summary_fn`` on the training thread (a step boundary, off the loop)
-    and writes its values at the global step; once more after the last step. Without a
+    and writes its values at the global step; once more after the last step. The
+    session's first point comes early: ``FIRST_POINT_SECS`` (5 s) after its first step
+    ended, once a second step ran (or at the interval, if sooner). Without a
     ``summary_fn``, it writes the steps' numeric results averaged over the interval
     (``fit``: Keras' logs, already running means)."""
 
@@ -44,7 +47,8 @@ class SummaryService:
         # Only when a step ran since the last write: values of a session that has not
         # stepped yet (metrics just reset to 0) would be false points at the restart.
         last = sess.restore_report.step
-        stopping = False
+        stopping = await until_first_point(sess, self.interval_secs)
+        last = await sess.call(self._write, sess, last)
         while not stopping:
             stopping = await sess.sleep_until_stop(self.interval_secs)
             # After the stop this is queued behind the in-flight step: the final state.

@@ -1,0 +1,139 @@
+"""The run's faults in TensorBoard, from the ledger's facts, on the steps' axis.
+
+At each session's start the chief writes, at the restored step, into the logdir's run:
+
+- ``run/restarts``: how many times the run has started again before this session;
+- ``run/goodput``: the share of the run's wall time so far that went into kept steps
+  (``_logdir/costs``), once an earlier session says it;
+- ``run/steps_lost``: the steps the session before trained and were not kept (its
+  step reached, less the restored one); for a killed session, which recorded no end,
+  the steps its points were drawn to past the restore (at least that many);
+- ``run/history`` (text, a markdown table, on the text dashboard): every session,
+  when it began, from which step, how and where it ended, the steps each restart lost.
+
+So a dip in ``loss`` or in the step rate has the restart that made it beside it.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timezone
+from typing import Any
+
+from .._log import log
+from .._logdir import costs as _costs
+from .._logdir import ledger as _ledger
+from .._logdir.store import Store
+from .summaries import EventsFile
+
+HISTORY_ROWS = 50  # the newest sessions in the table: a long run's stays readable
+
+
+def write_story(
+    events: EventsFile,
+    logdir: str,
+    session: str,
+    restored: int,
+    source: str,
+    drawn_to: int | None,
+) -> None:
+    """Training thread, at the session's start: the run's story into its events file
+    (only the session's own file: a writer the user gave is theirs). The ledger is a
+    record of what happened, not the run's state: one that cannot be read is said,
+    and the session goes on."""
+    if events.path is None:
+        return
+    try:
+        values = run_story(Store(logdir), session, restored, source, drawn_to)
+    except Exception as exc:
+        log.warning("summary.story_unread", error=f"{type(exc).__name__}: {exc}")
+        return
+    events.write(values, restored)
+
+
+def run_story(
+    store: Store, session: str, restored: int, source: str, drawn_to: int | None
+) -> dict[str, Any]:
+    """The values to write at ``restored`` for the session ``session`` that began there
+    (``drawn_to``: the highest step of the points a dead session drew past it)."""
+    before = _ledger.sessions(_ledger.read(store))
+    before = [s for s in before if s.session != session]
+    now = datetime.now(timezone.utc).isoformat(timespec="milliseconds")
+    this = _ledger.SessionRecord(
+        session=session, started=now, restored_step=restored, source=source
+    )
+    told = _costs.goodput([*before, this])
+    restarts = told.restarts if told is not None else ()
+    values: dict[str, Any] = {"run/restarts": float(len(restarts))}
+    so_far = _costs.goodput(before) if before else None
+    if so_far is not None and so_far.wall_secs > 0:
+        values["run/goodput"] = so_far.fraction
+    lost = _lost(restarts[-1], before[-1], restored, drawn_to) if restarts else None
+    if lost is not None:
+        values["run/steps_lost"] = float(lost[0])
+    values["run/history"] = _table(before, restarts, restored, lost, so_far)
+    return values
+
+
+def _lost(
+    restart: _costs.RestartCost,
+    previous: _ledger.SessionRecord,
+    restored: int,
+    drawn_to: int | None,
+) -> tuple[int, bool] | None:
+    """The steps the restart into this session lost, and whether that is a lower bound
+    (a killed session's, from the points it drew)."""
+    if restart.lost_steps is not None:
+        return restart.lost_steps, False
+    if previous.ended is None and drawn_to is not None:
+        return max(drawn_to - restored, 0), True
+    return None
+
+
+def _table(
+    before: list[_ledger.SessionRecord],
+    restarts: tuple[_costs.RestartCost, ...],
+    restored: int,
+    lost: tuple[int, bool] | None,
+    so_far: _costs.Goodput | None,
+) -> str:
+    head = f"{len(restarts)} restart{'' if len(restarts) == 1 else 's'}"
+    if so_far is not None and so_far.wall_secs > 0:
+        head += f", goodput {so_far.fraction:.1%} of {_duration(so_far.wall_secs)}"
+    rows = [
+        "| session | began (UTC) | from step | ended | how | at step | steps lost |",
+        "|---:|---|---:|---|---|---:|---:|",
+    ]
+    for index, s in enumerate(before):
+        steps_lost = "" if index == 0 else _count(restarts[index - 1].lost_steps)
+        how = "killed (no end recorded)" if s.ended is None else f"{s.outcome} ({s.exit_status})"
+        rows.append(
+            f"| {index + 1} | {_when(s.started)} | {_count(s.restored_step)} | "
+            f"{_when(s.ended)} | {how} | {_count(s.step)} | {steps_lost} |"
+        )
+    this_lost = "" if lost is None else f"{'≥ ' if lost[1] else ''}{lost[0]}"
+    if not before:
+        this_lost = ""
+    rows.append(f"| {len(before) + 1} | now | {restored} | | running | | {this_lost} |")
+    if len(rows) > HISTORY_ROWS + 2:
+        rows = rows[:2] + rows[-HISTORY_ROWS:]
+    return head + "\n\n" + "\n".join(rows)
+
+
+def _when(value: str | None) -> str:
+    if not value:
+        return ""
+    try:
+        moment = datetime.fromisoformat(value).astimezone(timezone.utc)
+    except ValueError:
+        return value
+    return moment.strftime("%Y-%m-%d %H:%M:%S")
+
+
+def _count(value: int | None) -> str:
+    return "?" if value is None else str(value)
+
+
+def _duration(secs: float) -> str:
+    minutes, seconds = divmod(int(secs), 60)
+    hours, minutes = divmod(minutes, 60)
+    return f"{hours} h {minutes:02d} min" if hours else f"{minutes} min {seconds:02d} s"
