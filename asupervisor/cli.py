@@ -68,7 +68,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is not None:  # run, health
         return int(handler(args))
-    if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
+    # Only verifying reads tensors (and an object store is read through TensorFlow):
+    # `--no-verify` on a local logdir imports no TensorFlow at all.
+    if "://" in args.logdir or (args.verify and os.path.isdir(args.logdir)):
         quiet_tensorflow()
     try:
         report = inspect_logdir(args.logdir, verify=args.verify)

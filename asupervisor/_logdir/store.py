@@ -25,7 +25,7 @@ import posixpath
 import shutil
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 Kind = Literal["file", "dir", "other"]
@@ -141,10 +141,12 @@ class Store:
 
         return float(tf.io.gfile.stat(self.path(name)).mtime_nsec) / 1e9
 
-    def files_of(self, prefix_name: str) -> list[str]:
+    def files_of(self, prefix_name: str, names: Iterable[str] | None = None) -> list[str]:
         """The names of a checkpoint's files: ``<prefix>.index`` and ``<prefix>.data-*``
-        (by exact prefix: the basename is never a glob pattern)."""
-        return sorted(n for n in self.names() if n.startswith(prefix_name + "."))
+        (by exact prefix: the basename is never a glob pattern). ``names``: a listing of
+        the logdir already made (one listing for many checkpoints, not one each)."""
+        listing = self.names() if names is None else names
+        return sorted(n for n in listing if n.startswith(prefix_name + "."))
 
     # -- reading and writing ---------------------------------------------------------
 
