@@ -170,3 +170,41 @@ def test_inspect_without_verifying_imports_no_tensorflow(tmp_path: Path) -> None
     assert done.stdout.strip().endswith("status 0 no TF")
     assert "loss" in done.stdout and "0..4" in done.stdout  # its tags were read all the same
     assert "model.ckpt-30" in done.stdout
+
+
+def test_a_persons_rerun_after_a_clean_end_is_a_new_segment_and_the_time_between_is_not_lost(
+    tmp_path: Path,
+) -> None:
+    from asupervisor._logdir.costs import goodput
+
+    def sessions(*lines: list[dict[str, Any]]) -> list[_ledger.SessionRecord]:
+        return _ledger.sessions([line for group in lines for line in group])
+
+    first = session_lines("a", T0, first_step=T0 + 5, end=(T0 + 100, 100, "done", 0), run=None)
+    again = session_lines(
+        "b",
+        T0 + 1000,  # a person ran it again, 900 s later
+        restored=100,
+        restored_commit_at=T0 + 99,
+        first_step=T0 + 1005,
+        end=(T0 + 1100, 200, "done", 0),
+        run=None,
+    )
+    found = goodput(sessions(first, again))
+    assert found is not None
+    assert (found.segments, found.restarts) == (2, ())
+    assert found.wall_secs == pytest.approx(200.0)
+    assert found.lost_secs == pytest.approx(10.0)  # each segment's own start-up
+    # Preempted, then started again by the same `asupervisor run`: a restart, whose
+    # time between counts.
+    preempted = session_lines("c", T0, first_step=T0 + 5, end=(T0 + 100, 100, "preempted", 42))
+    resumed = session_lines(
+        "d", T0 + 160, restored=100, restored_commit_at=T0 + 99, first_step=T0 + 165, attempt=2
+    )
+    found = goodput(sessions(preempted, resumed))
+    assert found is not None and (found.segments, len(found.restarts)) == (1, 1)
+    assert found.lost_secs == pytest.approx(5.0 + 66.0)
+    # A person's start after a session that was killed (no end recorded): a restart.
+    killed = session_lines("e", T0, first_step=T0 + 5, run=None)
+    found = goodput(sessions(killed, session_lines("f", T0 + 50, restored=0, run=None)))
+    assert found is not None and (found.segments, len(found.restarts)) == (1, 1)
