@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from ._cli import evaluate as _evaluate_cli
-from ._cli.inspect import render
+from ._cli.inspect import TAIL, render
 from ._cli.quiet import quiet_tensorflow
 from ._cli.run import add_commands
 from ._cli.text import shown
@@ -41,20 +41,29 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect = commands.add_parser(
         "inspect",
-        help="checkpoints, the latest step, scalar tags and events files of a logdir",
-        description="Show what a logdir holds: every checkpoint (step, time, size, whether "
-        "it reads back whole), the latest step, every TensorBoard tag with its last value "
-        "and step range, and the events files.",
+        help="the run, its sessions, checkpoints, history and tags of a logdir",
+        description="Show what a logdir holds: the run in a few lines (its step, goodput "
+        "and heartbeat), its newest sessions and what each restart cost, every checkpoint "
+        "on disk (step, time, size, whether it reads back whole), the newest commits of "
+        "its history with the counts, every TensorBoard tag with its last value and step "
+        "range, and the events files. Every line fits 100 columns.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
     inspect.add_argument("logdir", metavar="LOGDIR", help="the Supervisor's logdir")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument(
+        "--all",
+        dest="every",
+        action="store_true",
+        help=f"every session, restart and commit (without it: the newest {TAIL} of each)",
+    )
+    inspect.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="do not read every checkpoint back (faster for very large checkpoints)",
+        help="do not read every checkpoint and events record back: faster, and no "
+        "TensorFlow is imported for a local logdir",
     )
     _evaluate_cli.add_parser(commands)
     add_commands(commands, argparse.RawDescriptionHelpFormatter)  # run, health
@@ -87,7 +96,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report))
+    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report, args.every))
     return 0
 
 

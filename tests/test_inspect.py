@@ -5,6 +5,7 @@ TensorFlow with ``--no-verify``; what a kill and a person's rerun cost (``_logdi
 from __future__ import annotations
 
 import os
+import re
 import struct
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from asupervisor._logdir.events import crc32c, masked_crc32c
 from asupervisor._logdir.history import Commit, History, write_history
 from asupervisor._logdir.report import inspect_logdir
 from asupervisor._logdir.store import Store
+from asupervisor.cli import main
 
 T0 = 1_700_000_000.0  # the fake run's start (seconds since the epoch)
 
@@ -208,3 +210,95 @@ def test_a_persons_rerun_after_a_clean_end_is_a_new_segment_and_the_time_between
     killed = session_lines("e", T0, first_step=T0 + 5, run=None)
     found = goodput(sessions(killed, session_lines("f", T0 + 50, restored=0, run=None)))
     assert found is not None and (found.segments, len(found.restarts)) == (1, 1)
+
+
+def four_sessions(logdir: str, host: str = "h", run: str = "r") -> None:
+    """A run of 200 commits in four sessions: a failure, a SIGKILL (its end recorded by
+    the runner), a stuck step, then done."""
+    write_commits(logdir, commits=200, on_disk=3)
+    lines = []
+    ends = [(51, "failed", 1), (103, None, 137), (152, "stuck", 124), (200, "done", 0)]
+    restored = None
+    for n, (step, outcome, status) in enumerate(ends):
+        start = T0 + 60 * n
+        group = session_lines(
+            f"s{n}",
+            start,
+            restored=restored,
+            restored_commit_at=None if restored is None else T0 + restored,
+            first_step=start + 4,
+            end=None if outcome is None else (start + 55, step, outcome, status),
+            run=run,
+            attempt=n + 1,
+            committed=(50 * (n + 1), start + 50),
+        )
+        if outcome is None:  # killed: the runner wrote its end from its last beat
+            group.append(
+                {
+                    "event": "end_seen",
+                    "session": f"s{n}",
+                    "ended": _iso(start + 55),
+                    "step": step,
+                    "exit_status": status,
+                    "recorded_by": "runner",
+                }
+            )
+        for line in group:
+            line["host"] = host
+        lines += group
+        restored = 50 * (n + 1)
+    write_ledger(logdir, lines)
+
+
+def test_inspect_shows_the_summary_first_then_the_tail_of_the_history_with_its_counts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    four_sessions(str(tmp_path))
+    assert main(["inspect", "--no-verify", str(tmp_path)]) == 0
+    out = capsys.readouterr().out.splitlines()
+    starts = [next(i for i, line in enumerate(out) if line.startswith(s)) for s in (
+        "logdir:", "latest checkpoint: model.ckpt-200  (step 200)",
+        "run: 200 commits, 4 sessions, 3 restarts, 0 rollbacks", "goodput:", "sessions (4;",
+        "restarts (3;", "checkpoints (3 on disk)", "history: 200 commits (197 gone, 3 listed)",
+        "commits (the last 10 of 200 commits; --all shows every one)", "tags (0)",
+    )]  # fmt: skip
+    assert starts == sorted(starts)
+    commits = [int(m[1]) for line in out if (m := re.match(r"\s+#(\d+)\s", line))]
+    assert commits == list(range(191, 201))
+    assert main(["inspect", "--no-verify", "--all", str(tmp_path)]) == 0
+    every = capsys.readouterr().out.splitlines()
+    commits = [int(m[1]) for line in every if (m := re.match(r"\s+#(\d+)\s", line))]
+    assert commits == list(range(1, 201))
+
+
+def test_every_line_of_inspect_fits_100_columns(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = tmp_path / ("a-long-directory-name-" * 3) / "run"
+    logdir.mkdir(parents=True)
+    four_sessions(str(logdir), host="a-very-long-host-name.example.org", run="r" * 40)
+    write_ledger(
+        str(logdir),
+        [
+            *session_lines("s9", T0 + 900, restored=200, end=(T0 + 960, 200, "failed", 1)),
+            {"session": "s9", "error": "ValueError: " + "a long message " * 20},
+        ],
+    )
+    Path(logdir, "model.ckpt-199.index").unlink()
+    Path(logdir, "model.ckpt-199.index").mkdir()  # not a regular file: a long problem
+    from tensorboard.compat.proto import event_pb2
+
+    write_events(str(logdir), scalars=3)
+    with open(os.path.join(logdir, "events.out.tfevents.1.h"), "ab") as f:
+        event = event_pb2.Event(step=3)
+        event.summary.value.add(tag="a/very/long/tag/name/" * 6, simple_value=1.0)
+        data = event.SerializeToString()
+        length = struct.pack("<Q", len(data))
+        f.write(length + struct.pack("<I", masked_crc32c(length)))
+        f.write(data + struct.pack("<I", masked_crc32c(data)))
+    for args in (["--no-verify"], ["--no-verify", "--all"]):
+        assert main(["inspect", *args, str(logdir)]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert max(len(line) for line in out) <= 100, max(out, key=len)
+        assert any(line.endswith("...") for line in out)  # what did not fit was cut
+        print("\n".join(out))

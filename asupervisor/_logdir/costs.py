@@ -30,11 +30,11 @@ class RestartCost:
     """One restart: the session before it ended, this one began."""
 
     after: str  # how the session before it ended ("no end recorded": killed)
-    reached: int | None  # the step the session before ended at (None: it was killed)
+    reached: int | None  # the step the session before ended at (None: not known)
     restored: int | None  # the step this session began from
     lost_steps: int | None  # steps trained and not kept (None: unknown)
     lost_secs: float | None  # the commit it restored to its first step (None: no step)
-    down_secs: float | None  # the end of the one before to its first step (None: killed)
+    down_secs: float | None  # the end of the one before to its first step (None: not known)
 
 
 @dataclass(frozen=True)
@@ -70,6 +70,8 @@ def _int(value: object) -> int | None:
 def _after(before: SessionRecord) -> str:
     if before.ended is None:
         return "no end recorded (killed)"
+    if before.recorded_by == "runner":  # its process died before its session could say
+        return f"killed ({before.exit_status})"
     return f"{before.outcome or '?'} ({before.exit_status})"
 
 

@@ -50,6 +50,7 @@ import anyio.abc
 from .._logdir import channel as _channel
 from .._logdir import heartbeat as _heartbeat
 from .._outcome import Outcome
+from . import ends as _ends
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget
@@ -266,6 +267,7 @@ class ProcessSupervisor:
             number += 1
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
             result = await attempt.monitor()
+            await self._record_ends(attempt.children)
             self.history.append(result)
             self._said_exits(result)
             decision = budget.after(result)
@@ -288,6 +290,20 @@ class ProcessSupervisor:
         if control.hard_stop.is_set():
             return Outcome.INTERRUPTED.exit_status
         return Outcome.PREEMPTED.exit_status
+
+    async def _record_ends(self, children: list[Child]) -> None:
+        """The ends of sessions killed before they could record them, into the ledger
+        (``_run/ends``), bounded like every read of the logdir."""
+        lines = _ends.unrecorded(children)
+        if self.config.logdir is None or not lines:
+            return
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(
+                    _ends.record, self.config.logdir, lines, abandon_on_cancel=True
+                )
+            except Exception as exc:  # a figure for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _limits(self) -> Limits:
         config = self.config
