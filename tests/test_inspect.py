@@ -302,3 +302,30 @@ def test_every_line_of_inspect_fits_100_columns(
         assert max(len(line) for line in out) <= 100, max(out, key=len)
         assert any(line.endswith("...") for line in out)  # what did not fit was cut
         print("\n".join(out))
+
+
+@pytest.mark.asyncio
+async def test_a_restore_falling_back_past_damaged_checkpoints_lists_the_logdir_less_per_skip(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A pass over the candidates checks each one's files against one listing; a skip
+    looks again (the logdir may have changed under the read): two listings a skip, where
+    each check listed too (three)."""
+    from tests.conftest import Pair, pair_supervisor
+
+    per_skip = []
+    for damaged in (1, 4):
+        logdir = str(tmp_path / f"run{damaged}")
+        pair = Pair()
+        async with pair_supervisor(logdir, pair, save_model_steps=1).session() as sess:
+            for _ in range(6):
+                await sess.run(pair.step)
+        for step in range(7 - damaged, 7):
+            data = Path(logdir, f"model.ckpt-{step}.data-00000-of-00001")
+            data.write_bytes(data.read_bytes()[:7])
+        calls = count_listings(monkeypatch)
+        async with pair_supervisor(logdir, Pair()).session() as sess:
+            assert sess.restore_report.step == 6 - damaged
+            per_skip.append(calls.count(logdir))
+            calls.clear()
+    assert (per_skip[1] - per_skip[0]) / 3 <= 2
