@@ -196,8 +196,6 @@ def history_of(history: History) -> tuple[list[CommitInfo], list[RollbackInfo]]:
 def _record(
     tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: Any, run: str
 ) -> None:
-    from tensorboard.util.tensor_util import make_ndarray
-
     plugin = value.metadata.plugin_data.plugin_name
     if plugin:
         kinds[value.tag] = {"scalars": "scalar", "histograms": "histogram"}.get(plugin, plugin)
@@ -208,8 +206,16 @@ def _record(
     if tag.last_step is None or event.step >= tag.last_step:
         tag.last_step = event.step
         if kind == "scalar":
-            array = make_ndarray(value.tensor) if value.HasField("tensor") else None
-            tag.last_value = float(value.simple_value if array is None else array)
+            tag.last_value = _scalar(value)
+
+
+def _scalar(value: Any) -> float:
+    """A scalar summary's value: TF 1's ``simple_value``, or TF 2's one-element tensor."""
+    if not value.HasField("tensor"):
+        return float(value.simple_value)
+    from tensorboard.util.tensor_util import make_ndarray
+
+    return float(make_ndarray(value.tensor))
 
 
 def _records(store: Store, name: str, verify: bool) -> Iterator[bytes]:
