@@ -126,7 +126,8 @@ def goodput(sessions: list[SessionRecord]) -> Goodput | None:
     The wall time is each segment's (``_segments``), from its first session's start to
     its last record: the time between a segment's clean end and a person's next start is
     no one's loss."""
-    wall, lost, restarts, segments = 0.0, 0.0, [], 0
+    wall, lost, segments = 0.0, 0.0, 0
+    restarts: list[RestartCost] = []
     for segment in _segments(sessions):
         found = _segment_goodput(segment)
         if found is None:
