@@ -329,3 +329,20 @@ async def test_a_restore_falling_back_past_damaged_checkpoints_lists_the_logdir_
             per_skip.append(calls.count(logdir))
             calls.clear()
     assert (per_skip[1] - per_skip[0]) / 3 <= 2
+
+
+def test_the_runner_never_overwrites_a_sessions_own_end(tmp_path: Path) -> None:
+    from asupervisor._run import ends
+
+    logdir = str(tmp_path)
+    write_ledger(logdir, session_lines("own", T0, end=(T0 + 9, 9, "done", 0)))
+    write_ledger(logdir, session_lines("killed", T0 + 10))
+    runner = [
+        {"event": "end_seen", "session": s, "ended": _iso(T0 + 20), "step": 20,
+         "exit_status": 137, "recorded_by": "runner"}
+        for s in ("own", "killed")
+    ]  # fmt: skip
+    ends.record(logdir, runner)
+    own, killed = _ledger.sessions(_ledger.read(Store(logdir)))
+    assert (own.step, own.outcome, own.recorded_by) == (9, "done", None)
+    assert (killed.step, killed.exit_status, killed.recorded_by) == (20, 137, "runner")
