@@ -22,8 +22,9 @@ from ._logdir.report import inspect_logdir
 
 EPILOG = """\
 examples:
-  asupervisor inspect runs/digits          a table for people
-  asupervisor inspect runs/digits --json   the same, for scripts (jq, monitoring)
+  asupervisor inspect runs/digits          the run for people: summary first, 100 columns
+  asupervisor inspect runs/digits --all    every session, restart and commit too
+  asupervisor inspect runs/digits --json   everything, for scripts (jq, monitoring)
 
 exit status: 0 when the logdir was read, 1 when it holds no checkpoints and no
 events files, 2 for a missing logdir or bad arguments.
@@ -42,10 +43,10 @@ def _parser() -> argparse.ArgumentParser:
     inspect = commands.add_parser(
         "inspect",
         help="the run, its sessions, checkpoints, history and tags of a logdir",
-        description="Show what a logdir holds: the run in a few lines (its step, goodput "
-        "and heartbeat), its newest sessions and what each restart cost, every checkpoint "
-        "on disk (step, time, size, whether it reads back whole), the newest commits of "
-        "its history with the counts, every TensorBoard tag with its last value and step "
+        description="Show what a logdir holds: the run in a few lines (its step, goodput\n"
+        "and heartbeat), its newest sessions and what each restart cost, every checkpoint\n"
+        "on disk (step, time, size, whether it reads back whole), the newest commits of\n"
+        "its history with the counts, every TensorBoard tag with its last value and step\n"
         "range, and the events files. Every line fits 100 columns.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
@@ -79,7 +80,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return int(handler(args))
     # Only verifying reads tensors (and an object store is read through TensorFlow):
     # `--no-verify` on a local logdir imports no TensorFlow at all.
-    if "://" in args.logdir or (args.verify and os.path.isdir(args.logdir)):
+    local = os.path.isdir(args.logdir) and os.listdir(args.logdir)
+    if "://" in args.logdir or (args.verify and local):
         quiet_tensorflow()
     try:
         report = inspect_logdir(args.logdir, verify=args.verify)
