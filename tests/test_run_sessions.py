@@ -158,13 +158,16 @@ def test_hung_children_are_killed_and_restarted_and_sigterm_ends_both_preempted(
 
     first, second, third = _ledger.sessions(_ledger.read(Store(str(logdir))))
     assert (first.restored_step, first.outcome, first.exit_status) == (0, "stuck", 124)
-    assert (second.restored_step, second.ended) == (5, None)  # SIGKILLed: no end line
+    # SIGKILLed: no end line of its own; the runner wrote its end, from its last beat.
+    assert (second.restored_step, second.outcome) == (5, None)
+    assert (second.recorded_by, second.exit_status) == ("runner", 128 + signal.SIGKILL)
+    assert second.reason is not None and second.reason.startswith("judged stuck")
     assert (third.restored_step, third.outcome, third.exit_status) == (10, "preempted", 42)
     assert (third.step, [s.attempt for s in (first, second, third)]) == (int(step), [1, 2, 3])
     capsys.readouterr()
     assert main(["inspect", str(logdir), "--no-verify"]) == 0
     shown = capsys.readouterr().out
-    assert "sessions (3, from" in shown and "no end recorded" in shown
+    assert "sessions (3; from" in shown and "killed" in shown
 
 
 MULTIWORKER = """
@@ -437,7 +440,7 @@ def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
     assert main(["inspect", str(logdir), "--no-verify"]) == 0
     shown = capsys.readouterr().out
     print(shown)  # the report pastes it
-    assert "restarts (3, from asupervisor-ledger.jsonl):" in shown
+    assert "restarts (3; from asupervisor-ledger.jsonl):" in shown
     assert re.search(r"goodput: \d+\.\d% of [\d.]+ s", shown), shown
 
 

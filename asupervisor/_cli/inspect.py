@@ -177,7 +177,7 @@ def ledger_table(entries: list[SessionRecord], every: bool = True) -> list[str]:
             to, outcome, status, reason = "?", "no end recorded", "", "killed or still running"
         elif e.recorded_by == "runner":  # killed: the runner saw its end, and its last beat
             to, outcome, status = _text(e.step), "killed", str(e.exit_status)
-            reason = "its last beat's step (asupervisor run)"
+            reason = shown(e.reason or "its last beat's step")
         else:
             to = str(e.step)
             outcome, status = shown(e.outcome or "?"), str(e.exit_status)

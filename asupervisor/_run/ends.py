@@ -44,8 +44,7 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
                 "pid": beat.pid,
                 "exit_status": status,
                 "step": beat.step,
-                "reason": f"its process ended {describe_status(status)} without recording "
-                "its end; the step is its last beat's",
+                "reason": _reason(child, status),
                 "recorded_by": "runner",
                 "last_beat_at": beat.written_at,
                 "committed_step": beat.last_commit_step,
@@ -53,6 +52,12 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
             }
         )
     return lines
+
+
+def _reason(child: Child, status: int) -> str:
+    """Why it ended, as the runner knows it; its step is its last beat's."""
+    why = f"judged stuck ({child.stuck}), " if child.stuck is not None else ""
+    return f"{why}ended {describe_status(status)}: its last beat's step"
 
 
 def record(logdir: str, lines: list[dict[str, Any]]) -> None:
