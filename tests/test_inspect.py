@@ -346,3 +346,18 @@ def test_the_runner_never_overwrites_a_sessions_own_end(tmp_path: Path) -> None:
     own, killed = _ledger.sessions(_ledger.read(Store(logdir)))
     assert (own.step, own.outcome, own.recorded_by) == (9, "done", None)
     assert (killed.step, killed.exit_status, killed.recorded_by) == (20, 137, "runner")
+
+
+def test_an_events_file_cut_short_is_damage_without_tensorflow_too(tmp_path: Path) -> None:
+    logdir = str(tmp_path)
+    write_commits(logdir, commits=3, on_disk=1)
+    write_events(logdir, scalars=5)
+    events = Path(logdir, "events.out.tfevents.1.h")
+    events.write_bytes(events.read_bytes()[:-3])  # a kill mid-write: the last record cut
+    (info,) = inspect_logdir(logdir, verify=False).events_files
+    assert info.events == 4 and info.damaged is not None and "cut short" in info.damaged
+    garbled = bytearray(events.read_bytes())
+    garbled[0] ^= 0xFF  # the first record's length: its checksum no longer matches
+    events.write_bytes(bytes(garbled))
+    report = inspect_logdir(logdir, verify=False)
+    assert report.events_files[0].events == 0 and report.events_files[0].damaged is not None
