@@ -21,7 +21,7 @@ from typing import Any
 from .._logdir import ledger as _ledger
 from .._logdir.store import Store
 from .attempt import Child
-from .statuses import describe_status, shell_status
+from .statuses import shell_status
 
 
 def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
@@ -55,9 +55,9 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
 
 
 def _reason(child: Child, status: int) -> str:
-    """Why it ended, as the runner knows it; its step is its last beat's."""
-    why = f"judged stuck ({child.stuck}), " if child.stuck is not None else ""
-    return f"{why}ended {describe_status(status)}: its last beat's step"
+    """Why it ended, as the runner knows it (its status is the line's own field)."""
+    why = f"judged stuck ({child.stuck}); " if child.stuck is not None else ""
+    return f"{why}the step of its last beat"
 
 
 def record(logdir: str, lines: list[dict[str, Any]]) -> None:
