@@ -44,7 +44,7 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
                 "pid": beat.pid,
                 "exit_status": status,
                 "step": beat.step,
-                "reason": _reason(child, status),
+                "reason": _reason(child),
                 "recorded_by": "runner",
                 "last_beat_at": beat.written_at,
                 "committed_step": beat.last_commit_step,
@@ -54,7 +54,7 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
     return lines
 
 
-def _reason(child: Child, status: int) -> str:
+def _reason(child: Child) -> str:
     """Why it ended, as the runner knows it (its status is the line's own field)."""
     why = f"judged stuck ({child.stuck}); " if child.stuck is not None else ""
     return f"{why}the step of its last beat"
