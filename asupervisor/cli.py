@@ -14,7 +14,7 @@ from collections.abc import Sequence
 
 from . import __version__
 from ._cli import evaluate as _evaluate_cli
-from ._cli.inspect import render
+from ._cli.inspect import TAIL, render
 from ._cli.quiet import quiet_tensorflow
 from ._cli.run import add_commands
 from ._cli.text import shown
@@ -22,8 +22,9 @@ from ._logdir.report import inspect_logdir
 
 EPILOG = """\
 examples:
-  asupervisor inspect runs/digits          a table for people
-  asupervisor inspect runs/digits --json   the same, for scripts (jq, monitoring)
+  asupervisor inspect runs/digits          the run for people: summary first, 100 columns
+  asupervisor inspect runs/digits --all    every session, restart and commit too
+  asupervisor inspect runs/digits --json   everything, for scripts (jq, monitoring)
 
 exit status: 0 when the logdir was read, 1 when it holds no checkpoints and no
 events files, 2 for a missing logdir or bad arguments.
@@ -41,20 +42,29 @@ def _parser() -> argparse.ArgumentParser:
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     inspect = commands.add_parser(
         "inspect",
-        help="checkpoints, the latest step, scalar tags and events files of a logdir",
-        description="Show what a logdir holds: every checkpoint (step, time, size, whether "
-        "it reads back whole), the latest step, every TensorBoard tag with its last value "
-        "and step range, and the events files.",
+        help="the run, its sessions, checkpoints, history and tags of a logdir",
+        description="Show what a logdir holds: the run in a few lines (its step, goodput\n"
+        "and heartbeat), its newest sessions and what each restart cost, every checkpoint\n"
+        "on disk (step, time, size, whether it reads back whole), the newest commits of\n"
+        "its history with the counts, every TensorBoard tag with its last value and step\n"
+        "range, and the events files. Every line fits 100 columns.",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         epilog=EPILOG,
     )
     inspect.add_argument("logdir", metavar="LOGDIR", help="the Supervisor's logdir")
     inspect.add_argument("--json", action="store_true", help="print JSON instead of a table")
     inspect.add_argument(
+        "--all",
+        dest="every",
+        action="store_true",
+        help=f"every session, restart and commit (without it: the newest {TAIL} of each)",
+    )
+    inspect.add_argument(
         "--no-verify",
         dest="verify",
         action="store_false",
-        help="do not read every checkpoint back (faster for very large checkpoints)",
+        help="do not read every checkpoint and events record back: faster, and no "
+        "TensorFlow is imported for a local logdir",
     )
     _evaluate_cli.add_parser(commands)
     add_commands(commands, argparse.RawDescriptionHelpFormatter)  # run, health
@@ -68,7 +78,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     handler = getattr(args, "handler", None)
     if handler is not None:  # run, health
         return int(handler(args))
-    if "://" in args.logdir or (os.path.isdir(args.logdir) and os.listdir(args.logdir)):
+    # Only verifying reads tensors (and an object store is read through TensorFlow):
+    # `--no-verify` on a local logdir imports no TensorFlow at all.
+    local = os.path.isdir(args.logdir) and os.listdir(args.logdir)
+    if "://" in args.logdir or (args.verify and local):
         quiet_tensorflow()
     try:
         report = inspect_logdir(args.logdir, verify=args.verify)
@@ -85,7 +98,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 1
-    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report))
+    print(json.dumps(report.as_dict(), indent=2) if args.json else render(report, args.every))
     return 0
 
 

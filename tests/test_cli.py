@@ -42,7 +42,7 @@ async def test_inspect_prints_checkpoints_tags_and_events(
     capsys.readouterr()  # the run's own log lines
     assert main(["inspect", logdir]) == 0
     out = capsys.readouterr().out
-    assert f"latest checkpoint: {logdir}/model.ckpt-4  (step 4)" in out
+    assert "latest checkpoint: model.ckpt-4  (step 4)" in out
     rows = [line.split() for line in out.splitlines() if re.match(r"\s+\d+\s.*\syes\b", line)]
     assert [int(row[0]) for row in rows] == [0, 2, 4]
     assert any(cell.startswith("loss=") for cell in rows[-1])  # what the commit recorded

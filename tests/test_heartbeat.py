@@ -120,7 +120,7 @@ async def test_a_blocked_loop_and_a_step_that_does_not_end_both_make_the_beat_st
     capsys.readouterr()
     assert main(["inspect", logdir, "--no-verify"]) == 0
     out = capsys.readouterr().out
-    assert f"sessions (2, from {_ledger.NAME}):" in out
+    assert f"sessions (2; from {_ledger.NAME}):" in out
     assert "failed" in out and "RuntimeError: broken" in out
     assert "heartbeat: session ended (failed, exit status 1) at step 5" in out
 

@@ -166,7 +166,7 @@ def test_hung_children_are_killed_and_restarted_and_sigterm_ends_both_preempted(
     capsys.readouterr()
     assert main(["inspect", str(logdir), "--no-verify"]) == 0
     shown = capsys.readouterr().out
-    assert "sessions (3, from" in shown and "no end recorded" not in shown
+    assert "sessions (3; from" in shown and "no end recorded" not in shown
 
 
 MULTIWORKER = """
@@ -404,9 +404,11 @@ THREE_FAULTS = """
 """
 
 
-def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
-) -> None:
+@pytest.fixture(scope="module")
+def three_faults(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A logdir of a run under `asupervisor run` with three faults (an error, a SIGKILL,
+    a stuck step), then done: four sessions."""
+    tmp_path = tmp_path_factory.mktemp("three_faults")
     logdir = tmp_path / "run"
     script = tmp_path / "faults.py"
     script.write_text(textwrap.dedent(THREE_FAULTS))
@@ -419,6 +421,13 @@ def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
     finally:
         run.proc.kill()
     assert code == 0, run.output
+    return logdir
+
+
+def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
+    three_faults: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = three_faults
     sessions = _ledger.sessions(_ledger.read(Store(str(logdir))))
     assert [s.attempt for s in sessions] == [1, 2, 3, 4]
     assert len({s.run for s in sessions}) == 1 and sessions[0].run is not None
@@ -430,8 +439,23 @@ def test_inspect_shows_each_restart_its_cost_and_the_runs_goodput(
     assert main(["inspect", str(logdir), "--no-verify"]) == 0
     shown = capsys.readouterr().out
     print(shown)  # the report pastes it
-    assert "restarts (3, from asupervisor-ledger.jsonl):" in shown
+    assert "restarts (3; from asupervisor-ledger.jsonl):" in shown
     assert re.search(r"goodput: \d+\.\d% of [\d.]+ s", shown), shown
+
+
+def test_the_runner_records_the_step_a_killed_session_reached_from_its_last_beat(
+    three_faults: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    killed = _ledger.sessions(_ledger.read(Store(str(three_faults))))[1]
+    # SIGKILLed at step 12 (5 restored + 7), after its first beats: its session wrote no
+    # end; the runner wrote it, with its last beat's step.
+    assert killed.recorded_by == "runner" and killed.exit_status == 128 + signal.SIGKILL
+    assert killed.ended is not None and killed.step is not None and 5 <= killed.step <= 12
+    capsys.readouterr()
+    assert main(["inspect", str(three_faults), "--no-verify"]) == 0
+    shown = capsys.readouterr().out
+    restart = next(line.split() for line in shown.splitlines() if "killed (137)" in line)
+    assert str(killed.step) in restart and "?" not in restart  # step reached, steps lost
 
 
 HUNG_STEP = """

@@ -98,10 +98,12 @@ class Restorer:
         logdir changed under it (the chief's retention swept it mid-read): the caller
         lists again, newer ones first. Failing a second time, it is damage."""
         passed = {p for p, _ in skipped}
-        for path in self.candidates():
+        candidates = self.candidates()
+        names = self.store.names()  # one listing for the pass's checks, not one each
+        for path in candidates:
             if path in passed:
                 continue
-            problem = checkpoint_problem(self.store, path)
+            problem = checkpoint_problem(self.store, path, names)
             try:
                 if problem is None:
                     self.restore(path)

@@ -1,115 +1,137 @@
-"""``asupervisor inspect``'s table: what a logdir holds, for people (``--json`` is the
-report itself). Every table's columns are as wide as their widest cell."""
+"""``asupervisor inspect``'s text: what a logdir holds, for people (``--json`` is the
+report itself).
+
+The summary first (the run, its goodput, the heartbeat), then the newest sessions and
+restarts, the checkpoints on disk, the tail of the history with its counts (``--all``:
+every session, restart and commit), the tags and the events files. Every table's
+columns are as wide as their widest cell, and every line fits ``WIDTH`` columns: free
+text is cut where it would not (``fit``)."""
 
 from __future__ import annotations
 
 import json
+import os
 import time
+from collections import Counter
 
 from .._kinds import RestoreSource
 from .._logdir import ledger as _ledger
 from .._logdir.costs import Goodput, goodput
 from .._logdir.heartbeat import Beat
 from .._logdir.ledger import SessionRecord
-from .._logdir.report import LogdirReport
-from .text import columns, shown, size
+from .._logdir.report import CommitInfo, LogdirReport
+from .text import columns, cut, fit, shown, size, wrapped
 
-REASON_CHARS = 80  # a session's reason (its error) is cut here: the last column
+WIDTH = 100  # every line fits a terminal this wide
+TAIL = 10  # the newest sessions, restarts and commits shown without --all
+CELL = 40  # a free-text cell that is not its table's last (a tag's name, a problem)
 
 
-def render(report: LogdirReport) -> str:
+def render(report: LogdirReport, every: bool = False) -> str:
+    """The report as text; ``every``: every session, restart and commit, not the tail."""
+    found = goodput(report.sessions)
+    head = "none" if report.latest_checkpoint is None else report.latest_checkpoint
     lines = [f"logdir: {shown(report.logdir)}"]
-    latest = shown(report.latest_checkpoint or "none")
-    lines.append(f"latest checkpoint: {latest}  (step {report.latest_step})")
-    lines.append("")
-    lines.append(f"checkpoints ({len(report.checkpoints)}):")
+    lines.append(f"latest checkpoint: {shown(os.path.basename(head))}  (step {report.latest_step})")
+    lines.append(run_line(report, found))
+    if found is not None:
+        lines.append(goodput_line(found))
+    lines += heartbeat_lines(report)
+    lines += ["", *ledger_table(report.sessions, every)]
+    lines += changed_lines(report.sessions)
+    lines += restart_lines(found, every)
+    lines += ["", *checkpoint_lines(report)]
+    lines += ["", *history_lines(report, every)]
+    lines += ["", *tag_lines(report)]
+    # Table rows were cut (their free text is last), prose wrapped: each line fits.
+    return "\n".join(line for text in lines for line in _prose(text))
+
+
+def run_line(report: LogdirReport, found: Goodput | None) -> str:
+    """The run in one line: how many commits, sessions, restarts, rollbacks."""
+    parts = [f"{len(report.commits)} commits", f"{len(report.sessions)} sessions"]
+    if found is not None:
+        parts.append(f"{len(found.restarts)} restarts")
+        if found.segments > 1:  # a person's new start after a clean end: not a restart
+            parts.append(f"{found.segments - 1} new starts after a clean end")
+    parts.append(f"{len(report.rollbacks)} rollbacks")
+    return "run: " + ", ".join(parts)
+
+
+def heartbeat_lines(report: LogdirReport) -> list[str]:
+    if report.heartbeat is not None:
+        beat = Beat.from_json(json.dumps(report.heartbeat).encode())
+        return [f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
+    if report.heartbeat_problem is not None:
+        return [f"heartbeat: unreadable: {shown(report.heartbeat_problem)}"]
+    return []
+
+
+def _indented(table: list[str]) -> list[str]:
+    """A table's lines, indented, each cut to ``WIDTH``: its last column is free text."""
+    return [fit("  " + line, WIDTH) for line in table]
+
+
+def _prose(text: str, indent: str = "") -> list[str]:
+    """A line of prose (a path, a reason) wrapped to ``WIDTH``, nothing of it cut."""
+    return wrapped(indent + text, WIDTH, indent + "    ")
+
+
+def _shown_of(total: int, shown_count: int, what: str) -> str:
+    """``12`` or ``the last 10 of 12`` (with how to see every one)."""
+    if shown_count >= total:
+        return str(total)
+    return f"the last {shown_count} of {total} {what}; --all shows every one"
+
+
+def checkpoint_lines(report: LogdirReport) -> list[str]:
+    """The checkpoints on disk, in commit order, with what their commits recorded (why
+    one cannot be read first: the last column has the room)."""
+    lines = [f"checkpoints ({len(report.checkpoints)} on disk):"]
     rows = []
     for c in report.checkpoints:
-        readable = "yes" if c.readable else f"NO  {shown(c.problem)}"
+        readable = "yes" if c.readable else "NO"
         metrics = " ".join(f"{shown(k)}={v:.6g}" for k, v in sorted(c.metrics.items()))
         if c.healthy is False:
             metrics = "NOT HEALTHY (loss or state not finite) " + metrics
         if c.seq is None:
             metrics = "(no commit names it) " + metrics
+        if not c.readable:
+            metrics = f"{shown(c.problem)}  {metrics}"
         step = "?" if c.step is None else str(c.step)
         rows.append([step, c.saved, size(c.bytes), readable, metrics])
-    header = ["step", "saved (UTC)", "size", "readable", "metrics"]
-    lines += _indented(columns(header, rows, right={0, 2}))
-    lines += ["", *history_lines(report)]
-    lines.append("")
-    lines.append(f"tags ({len(report.tags)}):")
-    rows = []
-    for name, t in sorted(report.tags.items()):
-        value = "" if t.last_value is None else f"{t.last_value:.6g}"
-        steps = f"{t.first_step}..{t.last_step}"
-        rows.append([shown(name), shown(t.kind), value, steps, str(t.points)])
-    lines += _indented(columns(["tag", "kind", "last value", "steps", "points"], rows, {2, 4}))
-    lines.append("")
-    lines.append(f"events files ({len(report.events_files)}):")
-    for f in report.events_files:
-        damage = f"  DAMAGED: {shown(f.damaged)}" if f.damaged else ""
-        lines.append(f"  {shown(f.name)}  {size(f.bytes)}  {f.events} events{damage}")
-    lines += ["", *ledger_lines(report)]
-    return "\n".join(lines)
+    header = ["step", "saved (UTC)", "size", "readable", "metrics (or why unreadable)"]
+    return lines + _indented(columns(header, rows, right={0, 2}))
 
 
-def _indented(table: list[str]) -> list[str]:
-    return ["  " + line for line in table]
-
-
-def history_lines(report: LogdirReport) -> list[str]:
-    """``asupervisor inspect``'s history: each commit in commit order with its parent and
-    branch, where it is, and each rollback (which commits it abandoned, for which)."""
+def history_lines(report: LogdirReport, every: bool = False) -> list[str]:
+    """``asupervisor inspect``'s history: its counts, then its newest commits (``every``:
+    all of them) in commit order with parent and branch, where each is, and each
+    rollback (which commits it abandoned, for which)."""
     derived = "  (derived from an older logdir's state file)" if report.history_derived else ""
+    kept = Counter(c.kept for c in report.commits)
+    counts = ", ".join(f"{n} {k}" for k, n in sorted(kept.items()))
+    abandoned = sum(c.abandoned_by is not None for c in report.commits)
     lines = [
-        f"history ({len(report.commits)} commits, {len(report.rollbacks)} rollbacks){derived}:"
+        f"history: {len(report.commits)} commits ({counts or 'none'}), "
+        f"{len(report.rollbacks)} rollbacks, {abandoned} commits abandoned{derived}"
     ]
-    rows = []
-    for c in report.commits:
-        healthy = {True: "yes", False: "NO", None: "?"}[c.healthy]
-        made = f"{c.run or '-'}/{c.attempt if c.attempt is not None else '-'}"
-        notes = ("  HEAD" if c.head else "") + (
-            f"  abandoned by rollback {c.abandoned_by}" if c.abandoned_by is not None else ""
-        )
-        step = "?" if c.step is None else str(c.step)
-        parent = "-" if c.parent is None else f"#{c.parent}"
-        rows.append(
-            [
-                f"#{c.seq}",
-                parent,
-                str(c.branch),
-                step,
-                c.kept,
-                healthy,
-                shown(made),
-                shown(c.name) + notes,
-            ]
-        )
-    if rows:
+    made = Counter(c.run or "-" for c in report.commits)
+    if len(made) > 1:
+        lines.append("  by run: " + ", ".join(f"{cut(shown(r), 12)} {n}" for r, n in made.items()))
+    commits = report.commits if every else report.commits[-TAIL:]
+    if commits:
+        lines.append(f"commits ({_shown_of(len(report.commits), len(commits), 'commits')}):")
         header = ["commit", "parent", "branch", "step", "kept", "healthy", "run/attempt", "name"]
+        rows = [_commit_row(c) for c in commits]
         lines += _indented(columns(header, rows, right={0, 1, 2, 3}))
     for r in report.rollbacks:
         at = "" if r.at_step is None else f" at step {r.at_step}"
         dropped = f", {r.batches_dropped} batches dropped" if r.batches_dropped else ""
         left = ", ".join(shown(n) for n in r.abandoned) or "nothing"
-        lines.append(
-            f"  rollback {r.number} ({r.kind}{at}: {shown(r.reason)[:60]}): back to "
-            f"{shown(r.to)}, abandoning {left}{dropped}"
-        )
-    return lines
-
-
-def ledger_lines(report: LogdirReport) -> list[str]:
-    """``asupervisor inspect``'s last sections: the sessions of the ledger, what each
-    restart cost, the heartbeat."""
-    lines = ledger_table(report.sessions)
-    lines += changed_lines(report.sessions)
-    lines += restart_lines(report.sessions)
-    if report.heartbeat is not None:
-        beat = Beat.from_json(json.dumps(report.heartbeat).encode())
-        lines += ["", f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
-    elif report.heartbeat_problem is not None:
-        lines += ["", f"heartbeat: unreadable: {shown(report.heartbeat_problem)}"]
+        lines += _prose(f"rollback {r.number}: {r.kind}{at}", "  ")
+        lines += _prose(f"back to {shown(r.to)}, abandoning {left}{dropped}", "    ")
+        lines += _prose(f"why: {shown(r.reason)}", "    ")
     return lines
 
 
@@ -121,30 +143,62 @@ def changed_lines(entries: list[SessionRecord]) -> list[str]:
         started = shown((e.started or "?")[:19].replace("T", " "))
         for change in e.changed if isinstance(e.changed, list) else []:
             at = "?" if e.restored_step is None else e.restored_step
-            lines.append(f"  changed at {started} (step {at}): {shown(change)}")
+            lines += _prose(f"changed at {started} (step {at}): {shown(change)}", "  ")
     return lines
 
 
-def ledger_table(entries: list[SessionRecord]) -> list[str]:
-    """The ledger's sessions as table lines."""
-    lines = [f"sessions ({len(entries)}, from {_ledger.NAME}):"]
+def _commit_row(c: CommitInfo) -> list[str]:
+    healthy = {True: "yes", False: "NO", None: "?"}[c.healthy]
+    made = f"{cut(shown(c.run or '-'), 14)}/{c.attempt if c.attempt is not None else '-'}"
+    notes = ("  HEAD" if c.head else "") + (
+        f"  abandoned by rollback {c.abandoned_by}" if c.abandoned_by is not None else ""
+    )
+    step = "?" if c.step is None else str(c.step)
+    parent = "-" if c.parent is None else f"#{c.parent}"
+    return [f"#{c.seq}", parent, str(c.branch), step, c.kept, healthy, made, shown(c.name) + notes]
+
+
+def tag_lines(report: LogdirReport) -> list[str]:
+    lines = [f"tags ({len(report.tags)}):"]
+    rows = []
+    for name, t in sorted(report.tags.items()):
+        value = "" if t.last_value is None else f"{t.last_value:.6g}"
+        steps = f"{t.first_step}..{t.last_step}"
+        rows.append([cut(shown(name), CELL), shown(t.kind), value, steps, str(t.points)])
+    lines += _indented(columns(["tag", "kind", "last value", "steps", "points"], rows, {2, 4}))
+    lines.append("")
+    lines.append(f"events files ({len(report.events_files)}):")
+    for f in report.events_files:
+        damage = f"  DAMAGED: {shown(f.damaged)}" if f.damaged else ""
+        lines += _prose(f"{shown(f.name)}  {size(f.bytes)}  {f.events} events{damage}", "  ")
+    return lines
+
+
+def ledger_table(entries: list[SessionRecord], every: bool = True) -> list[str]:
+    """The ledger's sessions as table lines (``every``: all, else the newest)."""
+    shown_entries = entries if every else entries[-TAIL:]
+    count = _shown_of(len(entries), len(shown_entries), "sessions")
+    lines = [f"sessions ({count}; from {_ledger.NAME}):"]
     if not entries:
         return lines
     rows = []
-    for e in entries:
-        where = shown(f"{e.host}:{e.pid}")
+    for e in shown_entries:
+        where = cut(shown(f"{e.host}:{e.pid}"), 20)
         started = shown((e.started or "?")[:19].replace("T", " "))  # UTC, to the second
         origin = _origin(e)
         if e.ended is None:
             to, outcome, status, reason = "?", "no end recorded", "", "killed or still running"
+        elif e.recorded_by == "runner":  # killed: the runner saw its end, and its last beat
+            to, outcome, status = _text(e.step), "killed", str(e.exit_status)
+            reason = shown(e.reason or "its last beat's step")
         else:
             to = "?" if e.step is None else str(e.step)  # None: ended before its restore
             outcome, status = shown(e.outcome or "?"), str(e.exit_status)
             reason = shown(e.reason or "") + (f": {shown(e.error)}" if e.error else "")
             if e.source == RestoreSource.INTERRUPTED.value:
-                reason += " (stopped as it began: no step trained)"
-        rows.append([started, where, origin, to, outcome, status, reason[:REASON_CHARS]])
-    header = ["started (UTC)", "host:pid", "from", "to", "outcome", "status", "reason"]
+                reason = f"no step trained: stopped as it began ({reason})"
+        rows.append([started, where, origin, to, outcome, status, reason])
+    header = ["started (UTC)", "host:pid", "from", "to", "outcome", "exit", "reason"]
     return lines + _indented(columns(header, rows, right={2, 3, 5}))
 
 
@@ -159,13 +213,15 @@ def _origin(e: SessionRecord) -> str:
     return shown(e.source or "?")
 
 
-def restart_lines(entries: list[SessionRecord]) -> list[str]:
-    """What each restart cost, and the run's goodput (``_logdir/costs``)."""
-    found = goodput(entries)
+def restart_lines(found: Goodput | None, every: bool = False) -> list[str]:
+    """What each restart cost (``_logdir/costs``): the newest, or ``every`` one."""
     if found is None or not found.restarts:
-        return [] if found is None else ["", goodput_line(found)]
+        return []
+    restarts = list(enumerate(found.restarts, 1))
+    if not every:
+        restarts = restarts[-TAIL:]
     rows = []
-    for n, r in enumerate(found.restarts, 1):
+    for n, r in restarts:
         rows.append(
             [
                 str(n),
@@ -178,13 +234,15 @@ def restart_lines(entries: list[SessionRecord]) -> list[str]:
             ]
         )
     header = ["#", "after", "at step", "restored", "lost steps", "lost (s)", "down (s)"]
-    lines = ["", f"restarts ({len(found.restarts)}, from {_ledger.NAME}):"]
+    count = _shown_of(len(found.restarts), len(restarts), "restarts")
+    lines = ["", f"restarts ({count}; from {_ledger.NAME}):"]
     lines += _indented(columns(header, rows, right={0, 2, 3, 4, 5, 6}))
-    lines.append(
-        "  lost: from the commit it restored to its first step (steps thrown away, the "
-        "restart, the restore, the first step); down: from the end of the one before"
+    lines += _prose(
+        "lost: from the commit it restored to its first step (steps thrown away, the "
+        "restart, the restore, the first step); down: from the end of the one before",
+        "  ",
     )
-    return [*lines, goodput_line(found)]
+    return lines
 
 
 def goodput_line(found: Goodput) -> str:

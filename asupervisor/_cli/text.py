@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Collection, Sequence
 
 
@@ -11,6 +12,23 @@ def shown(text: object) -> str:
     return "".join(
         ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in str(text)
     )
+
+
+def cut(text: str, width: int) -> str:
+    """``text``, or its first ``width`` columns ending in ``...`` when it is longer."""
+    return text if len(text) <= width else text[: max(width - 3, 0)] + "..."
+
+
+def fit(line: str, width: int) -> str:
+    """A line cut to ``width`` columns (its end marked ``...``): tables put free text
+    last, so what is cut is the end of a reason, a name, a metric."""
+    return cut(line, width)
+
+
+def wrapped(text: str, width: int, indent: str = "    ") -> list[str]:
+    """A line of prose (a path, a reason) as lines of at most ``width`` columns, the
+    later ones indented: nothing of it is cut."""
+    return textwrap.wrap(text, width, subsequent_indent=indent, break_on_hyphens=False) or [""]
 
 
 def size(n: int) -> str:

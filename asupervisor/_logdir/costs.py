@@ -1,11 +1,15 @@
 """What each restart of a run cost, and the run's goodput, from the ledger's facts.
 
+A run is one or more segments: a person who starts it again after it ended done or
+preempted (``make demo`` twice) begins a new segment, not a restart, and the time between
+the two is no one's loss. Within a segment, every new session is a restart.
+
 Every time is one the ledger recorded: when a session began (restored), when its first
 step ended, when the checkpoint it restored had been committed, when it ended. The time
 a restart lost runs from the commit of the checkpoint the next session restored to that
 session's first step: the steps trained after that commit (thrown away), noticing the
 fault, the new process, its imports, the restore, the first step's tracing. Goodput is
-the share of the wall time (the first session's start to the last record) that is not
+the share of the wall time (each segment's first start to its last record) that is not
 lost so: the time that went into steps that were kept. A session's own start-up (its
 restore and first step) counts as lost too; overlapping losses count once.
 """
@@ -26,18 +30,19 @@ class RestartCost:
     """One restart: the session before it ended, this one began."""
 
     after: str  # how the session before it ended ("no end recorded": killed)
-    reached: int | None  # the step the session before ended at (None: it was killed)
+    reached: int | None  # the step the session before ended at (None: not known)
     restored: int | None  # the step this session began from
     lost_steps: int | None  # steps trained and not kept (None: unknown)
     lost_secs: float | None  # the commit it restored to its first step (None: no step)
-    down_secs: float | None  # the end of the one before to its first step (None: killed)
+    down_secs: float | None  # the end of the one before to its first step (None: not known)
 
 
 @dataclass(frozen=True)
 class Goodput:
-    wall_secs: float  # the first session's start to the newest record
+    wall_secs: float  # each segment's first start to its newest record, summed
     lost_secs: float  # start-ups and restarts, each second once
     restarts: tuple[RestartCost, ...]
+    segments: int = 1  # a person's new starts after a clean end, and the first
 
     @property
     def fraction(self) -> float:
@@ -65,6 +70,8 @@ def _int(value: object) -> int | None:
 def _after(before: SessionRecord) -> str:
     if before.ended is None:
         return "no end recorded (killed)"
+    if before.recorded_by == "runner":  # its process died before its session could say
+        return f"killed ({before.exit_status})"
     return f"{before.outcome or '?'} ({before.exit_status})"
 
 
@@ -93,8 +100,48 @@ def _last_time(sessions: list[SessionRecord]) -> float | None:
     return max((t for t in times if t is not None), default=None)
 
 
+def _segments(sessions: list[SessionRecord]) -> list[list[SessionRecord]]:
+    """The run's segments, oldest first: a session that a person started again after
+    one that ended done or preempted (outside any ``asupervisor run`` of the one before)
+    begins a new one. Within a segment each new session is a restart."""
+    found: list[list[SessionRecord]] = []
+    for session in sessions:
+        if found and not _new_segment(found[-1][-1], session):
+            found[-1].append(session)
+        else:
+            found.append([session])
+    return found
+
+
+def _new_segment(before: SessionRecord, after: SessionRecord) -> bool:
+    """``after`` is a person's new start, not a restart: the one before ended well, and
+    no runner that started it started ``after`` too."""
+    ended_well = before.ended is not None and before.outcome in _CLEAN
+    return ended_well and (after.run is None or after.run != before.run)
+
+
 def goodput(sessions: list[SessionRecord]) -> Goodput | None:
-    """What the ledger's sessions (oldest first) say; ``None`` without a timed start."""
+    """What the ledger's sessions (oldest first) say; ``None`` without a timed start.
+
+    The wall time is each segment's (``_segments``), from its first session's start to
+    its last record: the time between a segment's clean end and a person's next start is
+    no one's loss."""
+    wall, lost, segments = 0.0, 0.0, 0
+    restarts: list[RestartCost] = []
+    for segment in _segments(sessions):
+        found = _segment_goodput(segment)
+        if found is None:
+            continue
+        wall, lost = wall + found.wall_secs, lost + found.lost_secs
+        restarts += found.restarts
+        segments += 1
+    if not segments:
+        return None
+    return Goodput(wall, lost, tuple(restarts), segments)
+
+
+def _segment_goodput(sessions: list[SessionRecord]) -> Goodput | None:
+    """One segment's goodput: its restarts, and the time its start-ups and restarts lost."""
     begin = next((t for s in sessions if (t := _epoch(s.started)) is not None), None)
     end = _last_time(sessions)
     if begin is None or end is None:
@@ -103,7 +150,7 @@ def goodput(sessions: list[SessionRecord]) -> Goodput | None:
     restarts = []
     for index, session in enumerate(sessions):
         first = _epoch(session.first_step_at)
-        # From the commit of what it restored (fresh: from the run's start); a session
+        # From the commit of what it restored (fresh: from the segment's start); a session
         # that restored a checkpoint of unknown time loses from its own start.
         if index == 0 or session.source != "checkpoint":
             since = _epoch(session.started) if index == 0 else begin

@@ -9,6 +9,7 @@ checkpoints directly inside the logdir count: a state file naming
 from __future__ import annotations
 
 import os
+from collections.abc import Collection
 
 from .._log import log
 from .history import NameFormat, read_history
@@ -52,23 +53,26 @@ def remove_unfinished(store: Store, basename: str) -> list[str]:
     return removed
 
 
-def files_problem(store: Store, prefix: str) -> str | None:
+def files_problem(store: Store, prefix: str, names: Collection[str] | None = None) -> str | None:
     """Why the files of the checkpoint at ``prefix`` cannot be read safely, or ``None``:
     an index must exist, and every file must be a regular one (a FIFO would block the
-    reader forever; a symlink out of the logdir is not the logdir's)."""
+    reader forever; a symlink out of the logdir is not the logdir's). ``names``: the
+    logdir's listing, when the caller has one (a look at many checkpoints lists once)."""
     name = os.path.basename(prefix)
     if store.kind(name + ".index") is None:
         return "NotFoundError: its .index file is gone"
-    for file in store.files_of(name):
+    for file in store.files_of(name, names):
         if store.kind(file) != "file":
             return f"{file} is not a regular file inside the logdir"
     return None
 
 
-def checkpoint_problem(store: Store, prefix: str) -> str | None:
+def checkpoint_problem(
+    store: Store, prefix: str, names: Collection[str] | None = None
+) -> str | None:
     """Why the checkpoint at ``prefix`` cannot be restored, or ``None``: its files are
     checked first (TF's reader would block on a FIFO), then every tensor is read back."""
-    return files_problem(store, prefix) or verify_checkpoint(prefix)
+    return files_problem(store, prefix, names) or verify_checkpoint(prefix)
 
 
 # TF's .index is a table ending in a fixed 48-byte footer (two block handles and a magic
@@ -88,10 +92,11 @@ def index_torn(store: Store, name: str) -> bool:
         return False
 
 
-def checkpoint_bytes(store: Store, prefix: str) -> int:
-    """The size of the files of the checkpoint at ``prefix``."""
+def checkpoint_bytes(store: Store, prefix: str, names: Collection[str] | None = None) -> int:
+    """The size of the files of the checkpoint at ``prefix`` (``names``: the logdir's
+    listing, when the caller has one)."""
     total = 0
-    for name in store.files_of(os.path.basename(prefix)):
+    for name in store.files_of(os.path.basename(prefix), names):
         if store.kind(name) == "file":
             total += store.size(name)
     return total

@@ -4,7 +4,9 @@ Each session of the chief appends a ``start`` line once it has restored (or begu
 fresh), a ``first_step`` line once its first step has ended, and an ``end`` line as it
 closes, each with the session's id: a ``start`` without its ``end`` is a session that
 was killed (SIGKILL, a lost machine) before it could say how it ended, or stopped at
-once (a second SIGINT waits for nothing). ``asupervisor inspect`` shows the sessions,
+once (a second SIGINT waits for nothing). Under ``asupervisor run``, the runner writes
+the end of a session killed so, with the step of its last beat (``_run/ends``: its line
+says ``recorded_by: runner``). ``asupervisor inspect`` shows the sessions,
 and from their times what each restart cost (``_logdir/costs``).
 
 Locally a line is appended with ``O_APPEND`` (a kill cannot tear an earlier line) and
@@ -112,6 +114,8 @@ class SessionRecord:
     unsaved_steps: int | None = None
     error: str | None = None
     changed: list[str] | None = None  # what differed from the commit it restored
+    recorded_by: str | None = None  # "runner": its end seen by `asupervisor run` (killed)
+    last_beat_at: float | None = None  # the runner's: when its last beat was written
 
 
 _FIELDS = {f.name for f in fields(SessionRecord)}

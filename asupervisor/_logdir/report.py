@@ -1,7 +1,8 @@
 """What is in a logdir: checkpoints, the latest step, scalar tags, events files.
 
 Used by ``asupervisor inspect``. TensorFlow is imported only when there is a
-checkpoint to verify or an events file to read. Any directory is safe to inspect:
+checkpoint to verify or an events file to verify, or for an object store's logdir:
+``--no-verify`` on a local logdir needs none. Any directory is safe to inspect:
 files are read through the logdir's store (regular files only, bounded reads, no
 symlink followed out of the logdir), so a FIFO, a device or a link loop is reported
 as damage instead of hanging or crashing the command.
@@ -10,10 +11,12 @@ as damage instead of hanging or crashing the command.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from typing import Any
 
+from . import events as _events
 from . import heartbeat as _heartbeat
 from . import ledger as _ledger
 from .files import RUNS, checkpoint_bytes, checkpoint_problem, files_problem
@@ -109,25 +112,31 @@ def find_checkpoints(
     store: Store, names: list[str], verify: bool, history: History
 ) -> list[CheckpointInfo]:
     """Every checkpoint on disk (an ``.index``), with what its commit says, in commit
-    order (those no commit names after, by name)."""
+    order (those no commit names after, by name). ``names`` is the logdir's listing: it
+    is listed once, whatever the number of checkpoints."""
     found = []
     evaluated = read_evaluated(store.root)
     own = NameFormat(history.basename)
+    newest = {c.name: c for c in history.commits}  # a name's newest commit (by_name's)
     for name in (n[: -len(".index")] for n in names if n.endswith(".index")):
         prefix = store.path(name)
-        problem = checkpoint_problem(store, prefix) if verify else files_problem(store, prefix)
+        problem = (
+            checkpoint_problem(store, prefix, names)
+            if verify
+            else files_problem(store, prefix, names)
+        )
         try:
             saved = _iso(store.mtime(name + ".index"))
         except OSError:
             saved = "unknown"
-        commit = history.by_name(name)
+        commit = newest.get(name)
         order = own.order(name)
         found.append(
             CheckpointInfo(
                 path=prefix,
                 step=commit.step if commit else (order[0] if order else None),
                 saved=saved,
-                bytes=checkpoint_bytes(store, prefix),
+                bytes=checkpoint_bytes(store, prefix, names),
                 readable=problem is None,
                 problem=problem,
                 metrics={**(commit.metrics if commit else {}), **evaluated.get(name, {})},
@@ -159,10 +168,15 @@ def history_of(history: History) -> tuple[list[CommitInfo], list[RollbackInfo]]:
         for c in history.commits
     ]
 
-    def name(seq: int | None) -> str | None:
-        commit = history.commit(seq)
-        return None if commit is None else commit.name
+    by_seq = {c.seq: c.name for c in history.commits}
 
+    def name(seq: int | None) -> str | None:
+        return None if seq is None else by_seq.get(seq)
+
+    left_behind: dict[int, list[str]] = {}
+    for c in history.commits:
+        if c.abandoned_by is not None:
+            left_behind.setdefault(c.abandoned_by, []).append(c.name)
     rollbacks = [
         RollbackInfo(
             number=r.number,
@@ -170,7 +184,7 @@ def history_of(history: History) -> tuple[list[CommitInfo], list[RollbackInfo]]:
             at_step=r.at_step,
             left=name(r.left),
             to=name(r.to) or f"#{r.to}",
-            abandoned=[c.name for c in history.commits if c.abandoned_by == r.number],
+            abandoned=left_behind.get(r.number, []),
             reason=r.reason,
             batches_dropped=r.batches_dropped,
         )
@@ -182,8 +196,6 @@ def history_of(history: History) -> tuple[list[CommitInfo], list[RollbackInfo]]:
 def _record(
     tags: dict[str, TagInfo], kinds: dict[str, str], event: Any, value: Any, run: str
 ) -> None:
-    import tensorflow as tf
-
     plugin = value.metadata.plugin_data.plugin_name
     if plugin:
         kinds[value.tag] = {"scalars": "scalar", "histograms": "histogram"}.get(plugin, plugin)
@@ -194,29 +206,53 @@ def _record(
     if tag.last_step is None or event.step >= tag.last_step:
         tag.last_step = event.step
         if kind == "scalar":
-            array = tf.make_ndarray(value.tensor) if value.HasField("tensor") else None
-            tag.last_value = float(value.simple_value if array is None else array)
+            tag.last_value = _scalar(value)
+
+
+def _scalar(value: Any) -> float:
+    """A scalar summary's value: TF 1's ``simple_value``, or TF 2's one-element tensor."""
+    if not value.HasField("tensor"):
+        return float(value.simple_value)
+    from tensorboard.util.tensor_util import make_ndarray
+
+    return float(make_ndarray(value.tensor))
+
+
+def _records(store: Store, name: str, verify: bool) -> Iterator[bytes]:
+    """An events file's records: through TensorFlow's reader when verifying (every
+    record's checksum), else read here without TensorFlow (``_logdir/events``)."""
+    if verify or not store.local:
+        import tensorflow as tf
+
+        for record in tf.data.TFRecordDataset(store.path(name)):
+            yield record.numpy()
+        return
+    fd = os.open(store.path(name), os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
+    with os.fdopen(fd, "rb") as file:
+        yield from _events.records(file)
 
 
 def read_events(
-    store: Store, names: list[str], tags: dict[str, TagInfo], run: str = ""
+    store: Store,
+    names: list[str],
+    tags: dict[str, TagInfo],
+    run: str = "",
+    verify: bool = True,
 ) -> list[EventsFileInfo]:
     """The events files among ``names``; their tags into ``tags``. ``run``: the
     TensorBoard run's directory (``train/``) before each tag and file name."""
-    import tensorflow as tf
-    from tensorflow.core.util import event_pb2
+    from tensorboard.compat.proto import event_pb2
 
     files = []
     for name in sorted(n for n in names if n.startswith("events.out.tfevents.")):
         if store.kind(name) != "file":
             files.append(EventsFileInfo(run + name, 0, 0, "not a regular file inside the logdir"))
             continue
-        path = store.path(name)
         info = EventsFileInfo(name=run + name, bytes=store.size(name), events=0)
         kinds: dict[str, str] = {}
         try:
-            for record in tf.data.TFRecordDataset(path):
-                event = event_pb2.Event.FromString(record.numpy())
+            for record in _records(store, name, verify):
+                event = event_pb2.Event.FromString(record)
                 info.events += 1
                 for value in event.summary.value:
                     _record(tags, kinds, event, value, run)
@@ -256,11 +292,13 @@ def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
         report.heartbeat = None if beat is None else beat.as_dict()
     except (OSError, ValueError) as exc:
         report.heartbeat_problem = f"{type(exc).__name__}: {exc}"[:200]
-    report.events_files = _all_events(store, names, report.tags)
+    report.events_files = _all_events(store, names, report.tags, verify)
     return report
 
 
-def _all_events(store: Store, names: list[str], tags: dict[str, TagInfo]) -> list[EventsFileInfo]:
+def _all_events(
+    store: Store, names: list[str], tags: dict[str, TagInfo], verify: bool
+) -> list[EventsFileInfo]:
     """The logdir's own events files, then those of the runs beside them (``fit``'s
     ``train/`` and ``validation/``), whose tags are named with their run's."""
     found: list[tuple[Store, list[str], str]] = [(store, names, "")]
@@ -271,5 +309,5 @@ def _all_events(store: Store, names: list[str], tags: dict[str, TagInfo]) -> lis
     files = []
     for where, inside, prefix in found:
         if any(n.startswith("events.out.tfevents.") for n in inside):
-            files += read_events(where, inside, tags, prefix)
+            files += read_events(where, inside, tags, prefix, verify)
     return files

@@ -26,7 +26,7 @@ import re
 import shutil
 import stat
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from typing import Literal
 
 Kind = Literal["file", "dir", "other"]
@@ -145,14 +145,16 @@ class Store:
 
         return float(tf.io.gfile.stat(self.path(name)).mtime_nsec) / 1e9
 
-    def files_of(self, prefix_name: str) -> list[str]:
+    def files_of(self, prefix_name: str, names: Iterable[str] | None = None) -> list[str]:
         """The names of a checkpoint's files: TensorFlow's own, ``<prefix>.index`` and
         ``<prefix>.data-?????-of-?????`` (by exact prefix: the basename is never a glob
         pattern). A user's file beside it (``<prefix>.metrics.json``) is not one of them:
-        never synced, sized or deleted as the checkpoint's."""
+        never synced, sized or deleted as the checkpoint's. ``names``: a listing of the
+        logdir already made (one listing for many checkpoints, not one each)."""
+        listing = self.names() if names is None else names
         return sorted(
             n
-            for n in self.names()
+            for n in listing
             if n.startswith(prefix_name + ".") and _CHECKPOINT_FILE.fullmatch(n[len(prefix_name) :])
         )
 

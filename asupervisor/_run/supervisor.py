@@ -44,6 +44,7 @@ import resource
 import signal
 import sys
 import uuid
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, TextIO
 
@@ -53,6 +54,7 @@ import anyio.abc
 from .._logdir import channel as _channel
 from .._logdir import heartbeat as _heartbeat
 from .._outcome import Outcome
+from . import ends as _ends
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget, restartable
@@ -269,7 +271,9 @@ class ProcessSupervisor:
         while not control.stop_requested.is_set():
             number += 1
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
-            result = await self._with_history(await attempt.monitor())
+            result = await attempt.monitor()
+            await self._record_ends(attempt.children, result.logdirs)
+            result = await self._with_history(result)
             self.history.append(result)
             self._said_exits(result)
             decision = budget.after(result)
@@ -305,6 +309,20 @@ class ProcessSupervisor:
         for unread in found.unread:
             self.say("run.history_unread", attempt=result.number, why=unread)
         return dataclasses.replace(result, recorded=found)
+
+    async def _record_ends(self, children: list[Child], told: Sequence[str]) -> None:
+        """The ends of sessions killed before they could record them, into the ledger
+        (``_run/ends``) of the logdir their sessions named (or ``--logdir``), bounded like
+        every read of the logdir."""
+        lines = _ends.unrecorded(children)
+        logdir = self.config.logdir or next(iter(told), None)
+        if logdir is None or not lines:
+            return
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(_ends.record, logdir, lines, abandon_on_cancel=True)
+            except Exception as exc:  # a figure for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _limits(self) -> Limits:
         config = self.config
