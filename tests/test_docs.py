@@ -346,27 +346,30 @@ def test_every_benchmark_has_its_table_in_the_docs() -> None:
 # The recipe's blocks, run in order: the first starts a run in the background.
 RUN_BLOCKS = ["docs/shutdowns.md:" + str(b.line) for b in blocks(ROOT / "docs/shutdowns.md")
               if b.marker == "run"]  # fmt: skip
-TRAIN = textwrap.dedent(
-    """
-    import argparse, sys
-    import anyio, tensorflow as tf
-    import asupervisor as asv
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--logdir", required=True)
-    logdir = parser.parse_args().logdir
-    v = tf.Variable(0.0)
-    sv = asv.Supervisor(logdir, checkpoint={"v": v}, save_model_secs=60)
 
-    async def main() -> None:
-        async with sv.session() as sess:
-            while True:
-                await sess.run(v.assign_add, 1.0)
-                await anyio.sleep(0.01)
+def docs_train_script() -> str:
+    """The page's own ``train.py``, the script its commands run."""
+    (script,) = [
+        b
+        for b in blocks(ROOT / "docs/shutdowns.md")
+        if b.lang == "python" and (b.reason or "").startswith("train.py")
+    ]
+    return script.text
 
-    sys.exit(asv.run(main))
-    """
-)
+
+def test_every_command_that_runs_train_py_gives_it_options_the_pages_train_py_takes() -> None:
+    takes = set(re.findall(r"add_argument\(\"(--[\w-]+)\"", docs_train_script()))
+    assert "--logdir" in takes
+    used = 0
+    for block in ALL:
+        if block.lang in SHELL:
+            text = block.text.replace("\\\n", " ")
+            for args in re.findall(r"train\.py((?: +--?[\w-]+(?: +[^-\s&>|;]\S*)?)*)", text):
+                used += 1
+                given = set(re.findall(r"(--[\w-]+)", args))
+                assert given <= takes, f"{block.where}: train.py {args.strip()}"
+    assert used >= 3
 
 
 def _wait(what: str, done: Any, timeout: float) -> None:
@@ -379,7 +382,7 @@ def _wait(what: str, done: Any, timeout: float) -> None:
 @pytest.mark.slow
 def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
     first, then = [b for b in blocks(ROOT / "docs/shutdowns.md") if b.marker == "run"]
-    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "train.py").write_text(docs_train_script())
     bin_dir = Path(sys.executable).parent  # asupervisor and python, as a venv's PATH has them
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("PYTHONPATH", None)
