@@ -247,6 +247,19 @@ def test_the_measured_tables_come_from_the_results_files(tmp_path: Path) -> None
     assert hook.fill(again, tmp_path) == again
 
 
+def test_a_measured_tables_header_names_no_folder_the_benchmark_kept_its_output_in(
+    tmp_path: Path,
+) -> None:
+    hook = load_hook()
+    for command in (
+        "python benchmarks/goodput.py --logs /tmp/gp50k2 --seed 3",
+        "python benchmarks/goodput.py --logs=/tmp/gp50k2 --seed 3",
+    ):
+        (tmp_path / "goodput.json").write_text(json.dumps({"command": command, "rows": []}))
+        shown = hook.render("goodput", tmp_path)
+        assert shown.startswith("Measured by `python benchmarks/goodput.py --seed 3`:"), shown
+
+
 def test_the_measured_tables_in_the_pages_are_current() -> None:
     """The tables are written into the markdown (so that GitHub shows them too):
     `python docs/_hooks/measured.py` rewrites them after a benchmark ran."""
@@ -426,3 +439,39 @@ def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
     log = (tmp_path / "runs" / "x.log").read_text()
     assert "run.ended status='42 (preempted)'" in log, log[-3000:]
     assert list((tmp_path / "runs" / "x").glob("model.ckpt-*.index")), log[-3000:]
+
+
+def test_the_reference_pages_docstrings_have_no_sphinx_roles() -> None:
+    """The reference pages render docstrings as Markdown, where ``:mod:`x``` stays raw text."""
+    import inspect
+
+    import asupervisor
+    import asupervisor.hooks
+    import asupervisor.services
+
+    role = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj):`")
+    found = []
+    for module in (asupervisor, asupervisor.hooks, asupervisor.services):
+        members = [module, *(getattr(module, name) for name in getattr(module, "__all__", []))]
+        for obj in members:
+            inner = [m for _, m in inspect.getmembers(obj)] if inspect.isclass(obj) else []
+            for each in (obj, *inner):
+                doc = inspect.getdoc(each) if callable(each) or each is obj else None
+                if doc and role.search(doc):
+                    found.append(f"{module.__name__}: {getattr(each, '__qualname__', each)}")
+    assert not found, found
+
+
+def test_the_sites_wide_tables_and_code_blocks_scroll_instead_of_being_cut_off() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    sheets = [ROOT / "docs" / name for name in config.get("extra_css", [])]
+    assert sheets and all(sheet.exists() for sheet in sheets), sheets
+    css = re.sub(r"/\*.*?\*/", "", "".join(s.read_text() for s in sheets), flags=re.S)
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", css))
+
+    def style(selector: str) -> str:
+        return "".join(body for head, body in rules.items() if selector in head)
+
+    assert "overflow-x: auto" in style(".md-typeset table:not([class])")
+    assert "overflow-x: auto" in style(".md-typeset pre > code")
+    assert "overflow-wrap: anywhere" in style("td")
