@@ -20,6 +20,7 @@ from ._errors import (
     SessionClosed,
     SessionStopped,
     StepTimeout,
+    StoreUnreachableError,
     SupervisorError,
     WaitTimeout,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "SessionStopped",
     "StepTimeout",
     "StopReason",
+    "StoreUnreachableError",
     "Supervisor",
     "SupervisorError",
     "WaitTimeout",

@@ -115,7 +115,7 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
         except BaseException as exc:  # the status says what happened; the traceback, how
             error = exc
             if not isinstance(exc, SystemExit):
-                traceback.print_exception(exc)
+                _print_error(exc)
         program.join_threads(error)
     except KeyboardInterrupt as exc:  # a second SIGINT while the process ends
         error = exc
@@ -250,6 +250,17 @@ class _Program:
             with contextlib.suppress(Exception):
                 stream.flush()
         os._exit(status)
+
+
+def _print_error(error: BaseException) -> None:
+    """What escaped ``main``, as Python would print it; a store that cannot be reached in
+    its one line (its traceback is the library's and TF's, and says nothing more)."""
+    from ._errors import StoreUnreachableError
+
+    if isinstance(error, StoreUnreachableError):
+        print(f"asupervisor.{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exception(error)
 
 
 def _at_once(action: Callable[[], object]) -> None:

@@ -17,7 +17,7 @@ from . import _validate as check
 from ._checkpointing.root import user_checkpoint
 from ._cluster import Role, multi_worker_role
 from ._logdir.retention import KeepBest
-from ._logdir.store import is_object_store, no_file_system
+from ._logdir.store import is_object_store, no_file_system, unreachable
 from ._session.coordinator import Coordinator, SessionCoordinator
 from ._session.managed import ManagedSession
 from ._session.services import Registration, register
@@ -280,6 +280,10 @@ def _check_object_store(path: str) -> str:
             raise ValueError(f"logdir {path!r} exists and is not a directory")
     except tf.errors.UnimplementedError as exc:
         raise ValueError(no_file_system(path)) from exc
+    except tf.errors.OpError as exc:
+        if (instead := unreachable(path, exc)) is None:
+            raise
+        raise instead from None  # TF's text is in the line; its traceback is TF's
     return path.rstrip("/")
 
 

@@ -722,3 +722,13 @@ async def test_a_process_reports_on_its_channel_and_its_end_is_seen(tmp_path: Pa
     assert heard == [_channel.Commit("s", 5, 1.0), _channel.Ready(0.5)]
     assert (proc.heard.commits, proc.heard.committed, proc.returncode) == (1, 5, 0)
     assert ended == [proc]
+
+
+def test_a_store_that_cannot_be_reached_is_restarted_within_the_budget() -> None:
+    """An outage passes; credentials that are missing do not, and the crash-loop budget
+    ends that run after --max-failures attempts without progress."""
+    from asupervisor._run import statuses
+
+    assert statuses.outcome_of(69).value == "unreachable"
+    assert statuses.outcome_of(69) in statuses.RESTARTED
+    assert statuses.describe_status(69) == "69 (unreachable)"
