@@ -98,7 +98,7 @@ class Supervisor:
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
-        self.keep_best = _check_keep_best(keep_best, self.async_checkpoint)
+        self.keep_best = _check_keep_best(keep_best, self.async_checkpoint, self.logdir)
         self.on_divergence = _check_divergence(on_divergence)
         self.heartbeat_secs = check.non_negative("heartbeat_secs", heartbeat_secs)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
@@ -336,7 +336,7 @@ def _check_basename(basename: Any) -> str:
     return basename
 
 
-def _check_keep_best(keep_best: Any, async_checkpoint: bool) -> KeepBest | None:
+def _check_keep_best(keep_best: Any, async_checkpoint: bool, logdir: str | None) -> KeepBest | None:
     if keep_best is not None and not isinstance(keep_best, KeepBest):
         raise ValueError(
             f"keep_best must be an asupervisor.KeepBest or None, not {keep_best!r} "
@@ -348,6 +348,14 @@ def _check_keep_best(keep_best: Any, async_checkpoint: bool) -> KeepBest | None:
             "keep_best=KeepBest(export=...) needs async_checkpoint=False: an export is "
             "written when its checkpoint is committed, with the model in that state"
         )
+    if keep_best is not None and keep_best.export is not None and logdir is not None:
+        if is_object_store(logdir):
+            # Its directory is renamed into place whole; an object store has no such rename.
+            raise ValueError(
+                f"keep_best=KeepBest(export=...) needs a local or mounted logdir, not "
+                f"{logdir!r}: an object store cannot rename a directory, so an export "
+                "there could be read half-written"
+            )
     return keep_best
 
 

@@ -294,3 +294,13 @@ def test_an_export_with_background_saves_is_refused_early(logdir: str, pair: Pai
             logdir, checkpoint={"p": pair}, async_checkpoint=True,
             keep_best=asv.KeepBest("val", export=lambda path: None),
         )  # fmt: skip
+
+
+def test_an_export_on_an_object_store_is_refused_early(tmp_path: Path) -> None:
+    """An object store has no rename of a directory: an export there could be read
+    half-written."""
+    with pytest.raises(ValueError, match=r"keep_best.*local"):
+        asv.Supervisor(
+            f"ram://{tmp_path.name}/run", checkpoint={"v": tf.Variable(0.0)},
+            keep_best=asv.KeepBest("val", export=lambda path: None),
+        )  # fmt: skip

@@ -3,9 +3,9 @@
 After a commit that is the best so far (the one commit ``KeepBest``'s own rule ranks
 first), the user's ``export`` writes the model, in the state that commit holds, into a
 new empty directory under a temporary name; it is renamed to ``best/<step>`` once
-``export`` returned, so a reader finds an export whole or not at all (a local rename is
-atomic; an object store's is a copy, and the temporary name keeps a half-copied export
-out of the way until then). Afterwards the exports of commits no longer among the
+``export`` returned, so a reader finds an export whole or not at all (a rename is atomic
+on a local file system; an object store has none for a directory, so ``Supervisor``
+refuses an export there). Afterwards the exports of commits no longer among the
 ``count`` best are removed, as their checkpoints are: the exports rotate with the best.
 A temporary directory a kill left is removed at the next export.
 """
@@ -13,11 +13,9 @@ A temporary directory a kill left is removed at the next export.
 from __future__ import annotations
 
 import os
-import posixpath
 
 from .history import History
 from .retention import KeepBest, Retention
-from .store import is_object_store
 
 DIRECTORY = "best"
 TEMPORARY = ".tmp-"  # prefix of an export being written
@@ -38,11 +36,11 @@ def export_if_best(
         return None
     import tensorflow as tf
 
-    root = _join(retention.store.root, DIRECTORY)
+    root = os.path.join(retention.store.root, DIRECTORY)
     tf.io.gfile.makedirs(root)
     _remove_temporaries(root)
-    temporary = _join(root, f"{TEMPORARY}{step}-{os.getpid()}")
-    final = _join(root, str(step))
+    temporary = os.path.join(root, f"{TEMPORARY}{step}-{os.getpid()}")
+    final = os.path.join(root, str(step))
     tf.io.gfile.makedirs(temporary)
     try:
         keep_best.export(temporary)
@@ -57,7 +55,7 @@ def export_if_best(
     for entry in tf.io.gfile.listdir(root):
         entry = entry.rstrip("/")
         if entry.isdigit() and int(entry) not in kept:
-            tf.io.gfile.rmtree(_join(root, entry))
+            tf.io.gfile.rmtree(os.path.join(root, entry))
     return final
 
 
@@ -66,8 +64,4 @@ def _remove_temporaries(root: str) -> None:
 
     for entry in tf.io.gfile.listdir(root):
         if entry.startswith(TEMPORARY):
-            tf.io.gfile.rmtree(_join(root, entry.rstrip("/")))
-
-
-def _join(root: str, name: str) -> str:
-    return posixpath.join(root, name) if is_object_store(root) else os.path.join(root, name)
+            tf.io.gfile.rmtree(os.path.join(root, entry.rstrip("/")))

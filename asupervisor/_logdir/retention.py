@@ -93,7 +93,7 @@ class KeepBest:
     ``lambda path: model.save(os.path.join(path, "model.keras"))``). Each export is
     ``<logdir>/best/<step>``, renamed into place once ``export`` returned (whole or not
     at all); the exports of the ``count`` best stay, the others are removed
-    (``_logdir/exports.py``)."""
+    (``_logdir/exports.py``). It needs a local or mounted logdir and synchronous saves."""
 
     def __init__(
         self,
