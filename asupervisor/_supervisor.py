@@ -337,25 +337,26 @@ def _check_basename(basename: Any) -> str:
 
 
 def _check_keep_best(keep_best: Any, async_checkpoint: bool, logdir: str | None) -> KeepBest | None:
-    if keep_best is not None and not isinstance(keep_best, KeepBest):
+    if keep_best is None:
+        return None
+    if not isinstance(keep_best, KeepBest):
         raise ValueError(
             f"keep_best must be an asupervisor.KeepBest or None, not {keep_best!r} "
             "(e.g. asv.KeepBest('val_loss', mode='min'))"
         )
-    if keep_best is not None and keep_best.export is not None and async_checkpoint:
+    if keep_best.export is not None and async_checkpoint:
         # A background write commits steps later, when the model has moved on.
         raise ValueError(
             "keep_best=KeepBest(export=...) needs async_checkpoint=False: an export is "
             "written when its checkpoint is committed, with the model in that state"
         )
-    if keep_best is not None and keep_best.export is not None and logdir is not None:
-        if is_object_store(logdir):
-            # Its directory is renamed into place whole; an object store has no such rename.
-            raise ValueError(
-                f"keep_best=KeepBest(export=...) needs a local or mounted logdir, not "
-                f"{logdir!r}: an object store cannot rename a directory, so an export "
-                "there could be read half-written"
-            )
+    if keep_best.export is not None and logdir is not None and is_object_store(logdir):
+        # Its directory is renamed into place whole; an object store has no such rename.
+        raise ValueError(
+            f"keep_best=KeepBest(export=...) needs a local or mounted logdir, not "
+            f"{logdir!r}: an object store cannot rename a directory, so an export "
+            "there could be read half-written"
+        )
     return keep_best
 
 
