@@ -333,6 +333,7 @@ def test_tensorflows_own_error_for_an_offline_bucket_is_the_one_line(tmp_path: A
         "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token",
         "NO_GCE_CHECK": "True",
         "GCS_RETRY_CONFIG_MAX_RETRIES": "1",
+        "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "1000",  # its first wait: 1 ms, not 1 s
         "TF_CPP_MIN_LOG_LEVEL": "3",
     }
     done = subprocess.run(
