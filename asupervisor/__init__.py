@@ -1,8 +1,8 @@
 """asupervisor: an asyncio supervisor for long TensorFlow 2 training runs.
 
 The public API is what this module exports; everything in ``_*`` modules is
-private. Standard hooks live in :mod:`asupervisor.hooks`, standard services in
-:mod:`asupervisor.services`; both are imported with the package.
+private. Standard hooks live in ``asupervisor.hooks``, standard services in
+``asupervisor.services``; both are imported with the package.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from ._errors import (
     SessionClosed,
     SessionStopped,
     StepTimeout,
+    StoreUnreachableError,
     SupervisorError,
     WaitTimeout,
 )
@@ -67,6 +68,7 @@ __all__ = [
     "SessionStopped",
     "StepTimeout",
     "StopReason",
+    "StoreUnreachableError",
     "Supervisor",
     "SupervisorError",
     "WaitTimeout",

@@ -8,6 +8,7 @@ exception a caller would naturally catch::
      ├── CheckpointMismatchError a checkpoint's variables do not match the model
      ├── CheckpointSaveError     saves failed three times in a row, or the final save failed
      ├── LogdirLockedError       another live chief holds the logdir
+     ├── StoreUnreachableError   (also OSError) the logdir's object store cannot be reached
      ├── WaitTimeout             (also TimeoutError) no checkpoint appeared in time
      ├── NanLossError            a step's loss was NaN
      │    └── DivergedError      the loss kept diverging after max_rollbacks rollbacks
@@ -64,6 +65,15 @@ class CheckpointSaveError(SupervisorError):
     large for the disk's limits) as ``tf.errors.OutOfRangeError``, the same type
     that means "end of data": such a failure must never pass for a clean stop.
     """
+
+
+class StoreUnreachableError(SupervisorError, OSError):
+    """The logdir's object store (``gs://``...) could not be reached, or refused the
+    credentials TensorFlow found: no network, a wrong endpoint or proxy, no credentials,
+    or credentials without access to the bucket. The message is one line: the logdir and
+    TensorFlow's own reason. ``outcome`` is ``Outcome.UNREACHABLE`` (exit status 69)."""
+
+    outcome = Outcome.UNREACHABLE
 
 
 class LogdirLockedError(SupervisorError):

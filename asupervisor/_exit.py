@@ -126,12 +126,8 @@ def run(main: Callable[..., Awaitable[Any]], *args: Any, backend: str = "asyncio
             anyio.run(program.run, backend=backend)
         except BaseException as exc:  # the status says what happened; the traceback, how
             error = exc
-            if isinstance(exc, CheckpointMismatchError):
-                # Its text is the whole story (each variable that differs, what to do); a
-                # traceback would bury it under TF's own.
-                print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
-            elif not isinstance(exc, SystemExit):
-                traceback.print_exception(exc)
+            if not isinstance(exc, SystemExit):
+                _print_error(exc)
         program.join_threads(error)
     except KeyboardInterrupt as exc:  # a second SIGINT while the process ends
         error = exc
@@ -306,6 +302,21 @@ def end_process(ending: Ending) -> None:
         with contextlib.suppress(Exception):
             stream.flush()
     os._exit(status)
+
+
+def _print_error(error: BaseException) -> None:
+    """What escaped ``main``, as Python would print it; a store that cannot be reached in
+    its one line (its traceback is the library's and TF's, and says nothing more)."""
+    from ._errors import StoreUnreachableError
+
+    if isinstance(error, StoreUnreachableError):
+        print(f"asupervisor.{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    elif isinstance(error, CheckpointMismatchError):
+        # Its text is the whole story (each variable that differs, what to do); a
+        # traceback would bury it under TF's own.
+        print(f"{type(error).__name__}: {error}", file=sys.stderr, flush=True)
+    else:
+        traceback.print_exception(error)
 
 
 def _at_once(action: Callable[[], object]) -> None:

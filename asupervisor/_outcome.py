@@ -77,6 +77,9 @@ class Outcome(enum.Enum):
     does not fit the model, a NaN loss. Retrying cannot help."""
     STUCK = "stuck"
     """Work on the training thread outlived the grace period, or the watchdog's limit."""
+    UNREACHABLE = "unreachable"
+    """The logdir's object store could not be reached, or refused the credentials found
+    (``StoreUnreachableError``). Nothing ran; a new attempt may find it back."""
     INTERRUPTED = "interrupted"
     """Stopped at once (a second SIGINT, or a cancellation from outside the session):
     no final checkpoint."""
@@ -95,6 +98,7 @@ _EXIT_STATUS = {
     Outcome.FAILED: 1,  # what an uncaught Python exception exits with
     Outcome.FAILED_PERMANENTLY: 78,  # EX_CONFIG (sysexits.h): configuration error
     Outcome.STUCK: 124,  # what timeout(1) exits with when it ends a command
+    Outcome.UNREACHABLE: 69,  # EX_UNAVAILABLE (sysexits.h): a service is unavailable
     Outcome.INTERRUPTED: 130,  # 128 + SIGINT, as a shell reports Ctrl-C
 }
 
@@ -186,6 +190,7 @@ def is_permanent(error: BaseException) -> bool:
 # Worse first: what a job's outcome is when its processes ended differently.
 _SEVERITY = (
     Outcome.FAILED_PERMANENTLY,
+    Outcome.UNREACHABLE,
     Outcome.STUCK,
     Outcome.FAILED,
     Outcome.INTERRUPTED,
@@ -196,5 +201,5 @@ _SEVERITY = (
 
 def worst(outcomes: Iterable[Outcome]) -> Outcome:
     """The worst of several processes' outcomes (a job's): a failure no retry fixes, then
-    stuck, failed, interrupted, preempted, done. ``ValueError`` for none."""
+    a store out of reach, stuck, failed, interrupted, preempted, done. ``ValueError`` for none."""
     return min(outcomes, key=_SEVERITY.index)

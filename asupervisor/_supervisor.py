@@ -17,7 +17,7 @@ from . import _validate as check
 from ._checkpointing.root import user_checkpoint
 from ._cluster import Role, multi_worker_role
 from ._logdir.retention import KeepBest
-from ._logdir.store import is_object_store, no_file_system
+from ._logdir.store import is_object_store, no_file_system, unreachable
 from ._session.coordinator import Coordinator, SessionCoordinator
 from ._session.managed import ManagedSession
 from ._session.services import Registration, register
@@ -98,7 +98,7 @@ class Supervisor:
         self.hooks = _check_hooks(hooks)
         self._summary_writer_arg = _check_summary_writer(summary_writer, summary_fn, self.logdir)
         self.step_timeout_secs = check.optional_positive("step_timeout_secs", step_timeout_secs)
-        self.keep_best = _check_keep_best(keep_best)
+        self.keep_best = _check_keep_best(keep_best, self.async_checkpoint, self.logdir)
         self.on_divergence = _check_divergence(on_divergence)
         self.heartbeat_secs = check.non_negative("heartbeat_secs", heartbeat_secs)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
@@ -296,6 +296,10 @@ def _check_object_store(path: str) -> str:
             raise ValueError(f"logdir {path!r} exists and is not a directory")
     except tf.errors.UnimplementedError as exc:
         raise ValueError(no_file_system(path)) from exc
+    except tf.errors.OpError as exc:
+        if (instead := unreachable(path, exc)) is None:
+            raise
+        raise instead from None  # TF's text is in the line; its traceback is TF's
     return path.rstrip("/")
 
 
@@ -348,11 +352,26 @@ def _check_basename(basename: Any) -> str:
     return basename
 
 
-def _check_keep_best(keep_best: Any) -> KeepBest | None:
-    if keep_best is not None and not isinstance(keep_best, KeepBest):
+def _check_keep_best(keep_best: Any, async_checkpoint: bool, logdir: str | None) -> KeepBest | None:
+    if keep_best is None:
+        return None
+    if not isinstance(keep_best, KeepBest):
         raise ValueError(
             f"keep_best must be an asupervisor.KeepBest or None, not {keep_best!r} "
             "(e.g. asv.KeepBest('val_loss', mode='min'))"
+        )
+    if keep_best.export is not None and async_checkpoint:
+        # A background write commits steps later, when the model has moved on.
+        raise ValueError(
+            "keep_best=KeepBest(export=...) needs async_checkpoint=False: an export is "
+            "written when its checkpoint is committed, with the model in that state"
+        )
+    if keep_best.export is not None and logdir is not None and is_object_store(logdir):
+        # Its directory is renamed into place whole; an object store has no such rename.
+        raise ValueError(
+            f"keep_best=KeepBest(export=...) needs a local or mounted logdir, not "
+            f"{logdir!r}: an object store cannot rename a directory, so an export "
+            "there could be read half-written"
         )
     return keep_best
 

@@ -19,6 +19,8 @@ from ._cli.quiet import quiet_tensorflow
 from ._cli.run import add_commands
 from ._cli.text import shown
 from ._logdir.report import inspect_logdir
+from ._logdir.store import unreachable
+from ._outcome import Outcome
 
 EPILOG = """\
 examples:
@@ -27,7 +29,8 @@ examples:
   asupervisor inspect runs/digits --json   everything, for scripts (jq, monitoring)
 
 exit status: 0 when the logdir was read, 1 when it holds no checkpoints and no
-events files, 2 for a missing logdir or bad arguments.
+events files, 2 for a missing logdir or bad arguments, 69 when the logdir's object
+store cannot be reached (no network, no credentials).
 """
 
 
@@ -85,12 +88,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         quiet_tensorflow()
     try:
         report = inspect_logdir(args.logdir, verify=args.verify)
-    except (FileNotFoundError, NotADirectoryError) as exc:
-        print(f"asupervisor inspect: error: {shown(exc)}", file=sys.stderr)
-        return 2
-    except (OSError, ValueError) as exc:  # a directory that cannot be listed or read
-        print(f"asupervisor inspect: error: {type(exc).__name__}: {shown(exc)}", file=sys.stderr)
-        return 2
+    except Exception as exc:  # the kinds are told apart there
+        return _inspect_failed(args.logdir, exc)
     if not report.checkpoints and not report.events_files:
         print(
             f"asupervisor inspect: {shown(repr(args.logdir))} holds no checkpoints and no "
@@ -100,6 +99,23 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 1
     print(json.dumps(report.as_dict(), indent=2) if args.json else render(report, args.every))
     return 0
+
+
+def _inspect_failed(logdir: str, error: Exception) -> int:
+    """One line on stderr for a logdir ``inspect`` could not read, and its status: 2 for a
+    missing or unreadable directory, 69 for an object store that cannot be reached; any
+    other error is raised on (a bug: its traceback helps)."""
+    if (instead := unreachable(logdir, error)) is not None:
+        print(f"asupervisor inspect: error: {shown(instead)}", file=sys.stderr)
+        return Outcome.UNREACHABLE.exit_status
+    if isinstance(error, (FileNotFoundError, NotADirectoryError)):
+        print(f"asupervisor inspect: error: {shown(error)}", file=sys.stderr)
+        return 2
+    if isinstance(error, (OSError, ValueError)):  # a directory that cannot be listed or read
+        name = type(error).__name__
+        print(f"asupervisor inspect: error: {name}: {shown(error)}", file=sys.stderr)
+        return 2
+    raise error
 
 
 if __name__ == "__main__":  # pragma: no cover

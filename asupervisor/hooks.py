@@ -17,7 +17,11 @@ __all__ = ["Hook", "LoggingHook", "NanLossHook", "RunContext", "StopAtStepHook"]
 
 
 class StopAtStepHook(Hook):
-    """Stop once the global step reaches ``last_step`` (or ``num_steps`` past the start)."""
+    """Stop once the global step reaches ``last_step`` (or ``num_steps`` past the start).
+
+    ``num_steps`` counts from each session's start, so every resume or restart (by
+    ``asupervisor run`` too) trains that many more; ``last_step`` is a limit of the run
+    that a restarted process keeps: use it in a script that may be restarted."""
 
     def __init__(self, num_steps: int | None = None, last_step: int | None = None) -> None:
         _exactly_one(num_steps=num_steps, last_step=last_step)

@@ -1,8 +1,11 @@
 """Train a digit classifier under asupervisor; run it again and it resumes.
 
-    python examples/digits.py --logdir runs/digits          # trains 3000 steps
-    python examples/digits.py --logdir runs/digits          # resumes, 3000 more
+    python examples/digits.py --logdir runs/digits          # trains to step 3000
+    python examples/digits.py --logdir runs/digits --steps 6000   # resumes, on to 6000
     python -m tensorboard.main --logdir runs/digits         # loss, accuracy, steps/s
+
+``--steps`` is the step the run trains to, not a count per start: a run stopped or
+killed part-way (or restarted by ``asupervisor run``) resumes and still ends there.
 
 The data set is scikit-learn's 8x8 digits (shipped inside the package: no
 download). The checkpoint holds the model, the optimizer and the input
@@ -59,7 +62,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="checkpoints and TensorBoard events (default: %(default)s)",
     )
     parser.add_argument(
-        "--steps", type=int, default=3000, help="steps to train in this run (default: %(default)s)"
+        "--steps",
+        type=int,
+        default=3000,
+        help="train until the global step reaches this; a resumed or restarted run keeps "
+        "the same limit (default: %(default)s)",
     )
     parser.add_argument("--batch-size", type=int, default=32, help="(default: %(default)s)")
     parser.add_argument(
@@ -171,7 +178,8 @@ async def main(args: argparse.Namespace) -> None:
         save_model_secs=args.save_secs,
         save_summaries_secs=args.summary_secs,
         summary_fn=summaries,
-        hooks=[stop_hook := StopAtStepHook(num_steps=args.steps)],
+        # A limit on the global step, not on this start's steps: restarts end at it too.
+        hooks=[stop_hook := StopAtStepHook(last_step=args.steps)],
         stop_grace_secs=10,
     )
 

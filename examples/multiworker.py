@@ -51,7 +51,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="checkpoints and TensorBoard events, written by the chief (default: %(default)s)",
     )
     parser.add_argument(
-        "--steps", type=int, default=2000, help="steps to train in this run (default: %(default)s)"
+        "--steps",
+        type=int,
+        default=2000,
+        help="train until the global step reaches this; a resumed or restarted job keeps "
+        "the same limit (default: %(default)s)",
     )
     parser.add_argument(
         "--global-batch-size",
@@ -280,7 +284,8 @@ async def train(args: argparse.Namespace, tf: Any) -> int:
         save_model_secs=args.save_secs,
         save_summaries_secs=args.summary_secs,
         summary_fn=training.summaries,
-        hooks=[StopAtStepHook(num_steps=args.steps), *stop_after_first_save],
+        # A limit on the global step, not on this start's steps: restarts end at it too.
+        hooks=[StopAtStepHook(last_step=args.steps), *stop_after_first_save],
         stop_grace_secs=30,
     )
 

@@ -56,7 +56,7 @@ def test_the_demo_trains_checkpoints_and_resumes(
     assert accuracy > 0.7, "the model did not learn"
     assert os.path.exists(logdir / "model.ckpt-400.index")
 
-    second = run_demo(logdir, 100)
+    second = run_demo(logdir, 500)  # --steps is the step to train to
     assert f"resumed from {logdir / 'model.ckpt-400'} at step 400" in second
     assert "stopped at step 500 (step_limit)" in second
     assert len(glob.glob(str(logdir / "events.out.tfevents.*"))) == 2
@@ -96,3 +96,69 @@ def test_the_demo_help_explains_itself() -> None:
     )
     assert done.returncode == 0
     assert "--logdir" in done.stdout and "resumes" in done.stdout
+
+
+# The demo under `asupervisor run`, its first process killed by a hook this wrapper adds
+# after the first save past step 0 (so the kill falls mid-run, whatever the machine's speed).
+KILLED_ONCE = """
+import os, runpy, signal, sys
+
+DEMO = sys.argv[1]
+runpy.run_path(DEMO)["import_tensorflow_quietly"]()  # the demo's own quiet import first
+
+import asupervisor as asv
+
+
+class KillAfterFirstSave(asv.Hook):
+    def after_save(self, session, step, path):
+        if step > 0:
+            os.kill(os.getpid(), signal.SIGKILL)
+
+
+if os.environ["ASUPERVISOR_ATTEMPT"] == "1":
+    init = asv.Supervisor.__init__
+
+    def with_the_kill(self, *args, hooks=(), **kwargs):
+        init(self, *args, hooks=[*hooks, KillAfterFirstSave()], **kwargs)
+
+    asv.Supervisor.__init__ = with_the_kill
+sys.argv = sys.argv[1:]
+runpy.run_path(DEMO, run_name="__main__")
+"""
+
+
+@pytest.mark.slow
+def test_the_demo_killed_once_under_asupervisor_run_ends_at_its_step_limit(
+    tmp_path: Path,
+) -> None:
+    from asupervisor._logdir import ledger
+    from asupervisor._logdir.store import Store
+    from tests.test_run_sessions import Supervised
+
+    logdir = tmp_path / "digits"
+    wrapper = tmp_path / "killed_once.py"
+    wrapper.write_text(KILLED_ONCE)
+    run = Supervised(
+        "--logdir", str(logdir), "--",
+        sys.executable, str(wrapper), str(DEMO), "--logdir", str(logdir), "--steps", "200",
+        "--save-secs", "0.01", "--eval-secs", "600",
+    )  # fmt: skip
+    try:
+        code = run.finish(timeout=300)
+    finally:
+        run.proc.kill()
+    assert code == 0, run.output
+    sessions = ledger.sessions(ledger.read(Store(str(logdir))))
+    assert [s.outcome for s in sessions] == [None, "done"], run.output  # killed, then done
+    assert 0 < sessions[1].restored_step < 200  # the kill fell mid-run
+    stopped = [line.split(";")[0] for line in run.lines if "stopped at step" in line]
+    assert tf_latest_step(logdir) == 200, stopped
+    assert stopped == ["stopped at step 200 (step_limit)"], stopped
+
+
+def tf_latest_step(logdir: Path) -> int:
+    """The newest checkpoint's step, from the ``checkpoint`` state file on disk."""
+    text = (logdir / "checkpoint").read_text()
+    found = re.search(r'^model_checkpoint_path: "model\.ckpt-(\d+)"', text, re.M)
+    assert found, text
+    return int(found[1])

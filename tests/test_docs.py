@@ -247,6 +247,19 @@ def test_the_measured_tables_come_from_the_results_files(tmp_path: Path) -> None
     assert hook.fill(again, tmp_path) == again
 
 
+def test_a_measured_tables_header_names_no_folder_the_benchmark_kept_its_output_in(
+    tmp_path: Path,
+) -> None:
+    hook = load_hook()
+    for command in (
+        "python benchmarks/goodput.py --logs /tmp/gp50k2 --seed 3",
+        "python benchmarks/goodput.py --logs=/tmp/gp50k2 --seed 3",
+    ):
+        (tmp_path / "goodput.json").write_text(json.dumps({"command": command, "rows": []}))
+        shown = hook.render("goodput", tmp_path)
+        assert shown.startswith("Measured by `python benchmarks/goodput.py --seed 3`:"), shown
+
+
 def test_the_measured_tables_in_the_pages_are_current() -> None:
     """The tables are written into the markdown (so that GitHub shows them too):
     `python docs/_hooks/measured.py` rewrites them after a benchmark ran."""
@@ -346,27 +359,30 @@ def test_every_benchmark_has_its_table_in_the_docs() -> None:
 # The recipe's blocks, run in order: the first starts a run in the background.
 RUN_BLOCKS = ["docs/shutdowns.md:" + str(b.line) for b in blocks(ROOT / "docs/shutdowns.md")
               if b.marker == "run"]  # fmt: skip
-TRAIN = textwrap.dedent(
-    """
-    import argparse, sys
-    import anyio, tensorflow as tf
-    import asupervisor as asv
 
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--logdir", required=True)
-    logdir = parser.parse_args().logdir
-    v = tf.Variable(0.0)
-    sv = asv.Supervisor(logdir, checkpoint={"v": v}, save_model_secs=60)
 
-    async def main() -> None:
-        async with sv.session() as sess:
-            while True:
-                await sess.run(v.assign_add, 1.0)
-                await anyio.sleep(0.01)
+def docs_train_script() -> str:
+    """The page's own ``train.py``, the script its commands run."""
+    (script,) = [
+        b
+        for b in blocks(ROOT / "docs/shutdowns.md")
+        if b.lang == "python" and (b.reason or "").startswith("train.py")
+    ]
+    return script.text
 
-    sys.exit(asv.run(main))
-    """
-)
+
+def test_every_command_that_runs_train_py_gives_it_options_the_pages_train_py_takes() -> None:
+    takes = set(re.findall(r"add_argument\(\"(--[\w-]+)\"", docs_train_script()))
+    assert "--logdir" in takes
+    used = 0
+    for block in ALL:
+        if block.lang in SHELL:
+            text = block.text.replace("\\\n", " ")
+            for args in re.findall(r"train\.py((?: +--?[\w-]+(?: +[^-\s&>|;]\S*)?)*)", text):
+                used += 1
+                given = set(re.findall(r"(--[\w-]+)", args))
+                assert given <= takes, f"{block.where}: train.py {args.strip()}"
+    assert used >= 3
 
 
 def _wait(what: str, done: Any, timeout: float) -> None:
@@ -379,7 +395,7 @@ def _wait(what: str, done: Any, timeout: float) -> None:
 @pytest.mark.slow
 def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
     first, then = [b for b in blocks(ROOT / "docs/shutdowns.md") if b.marker == "run"]
-    (tmp_path / "train.py").write_text(TRAIN)
+    (tmp_path / "train.py").write_text(docs_train_script())
     bin_dir = Path(sys.executable).parent  # asupervisor and python, as a venv's PATH has them
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "TF_CPP_MIN_LOG_LEVEL": "3"}
     env.pop("PYTHONPATH", None)
@@ -423,3 +439,39 @@ def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
     log = (tmp_path / "runs" / "x.log").read_text()
     assert "run.ended status='42 (preempted)'" in log, log[-3000:]
     assert list((tmp_path / "runs" / "x").glob("model.ckpt-*.index")), log[-3000:]
+
+
+def test_the_reference_pages_docstrings_have_no_sphinx_roles() -> None:
+    """The reference pages render docstrings as Markdown, where ``:mod:`x``` stays raw text."""
+    import inspect
+
+    import asupervisor
+    import asupervisor.hooks
+    import asupervisor.services
+
+    role = re.compile(r":(?:mod|class|func|meth|attr|data|exc|obj):`")
+    found = []
+    for module in (asupervisor, asupervisor.hooks, asupervisor.services):
+        members = [module, *(getattr(module, name) for name in getattr(module, "__all__", []))]
+        for obj in members:
+            inner = [m for _, m in inspect.getmembers(obj)] if inspect.isclass(obj) else []
+            for each in (obj, *inner):
+                doc = inspect.getdoc(each) if callable(each) or each is obj else None
+                if doc and role.search(doc):
+                    found.append(f"{module.__name__}: {getattr(each, '__qualname__', each)}")
+    assert not found, found
+
+
+def test_the_sites_wide_tables_and_code_blocks_scroll_instead_of_being_cut_off() -> None:
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    sheets = [ROOT / "docs" / name for name in config.get("extra_css", [])]
+    assert sheets and all(sheet.exists() for sheet in sheets), sheets
+    css = re.sub(r"/\*.*?\*/", "", "".join(s.read_text() for s in sheets), flags=re.S)
+    rules = dict(re.findall(r"([^{}]+)\{([^}]*)\}", css))
+
+    def style(selector: str) -> str:
+        return "".join(body for head, body in rules.items() if selector in head)
+
+    assert "overflow-x: auto" in style(".md-typeset table:not([class])")
+    assert "overflow-x: auto" in style(".md-typeset pre > code")
+    assert "overflow-wrap: anywhere" in style("td")

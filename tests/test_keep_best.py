@@ -195,3 +195,112 @@ async def test_checkpoints_kept_every_n_hours_stay_on_disk_unlisted_as_tf_keeps_
         assert state.last_preserved_timestamp == max(
             c.time for c in history.committed() if c.kept == "preserved"
         )
+
+
+# -- exports of each new best ---------------------------------------------------------
+
+
+class Exports:
+    """An ``export=`` that writes the pair's values into the directory it is given."""
+
+    def __init__(self, pair: Pair, fail_at: float | None = None) -> None:
+        self.pair, self.fail_at = pair, fail_at
+        self.given: list[tuple[str, list[str]]] = []  # (path, what it held when given)
+
+    def __call__(self, path: str) -> None:
+        self.given.append((path, os.listdir(path)))
+        with open(os.path.join(path, "values.json"), "w") as f:
+            f.write(json.dumps([float(self.pair.a), float(self.pair.b)]))
+        if float(self.pair.a) == self.fail_at:
+            raise OSError("disk full")  # half an export written
+
+
+def exports_of(logdir: str) -> dict[str, list[float]]:
+    best = os.path.join(logdir, "best")
+    return {
+        name: json.loads(Path(best, name, "values.json").read_text())
+        for name in sorted(os.listdir(best))
+    }
+
+
+@pytest.mark.asyncio
+async def test_each_new_best_is_exported_and_the_exports_rotate_with_the_best(
+    logdir: str, pair: Pair
+) -> None:
+    export = Exports(pair)
+    sv = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, save_model_secs=0, max_to_keep=1, save_summaries_secs=0,
+        keep_best=asv.KeepBest("val", mode="min", count=2, export=export), handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        for val in (5.0, 3.0, 4.0, 6.0, 2.0):
+            await sess.run(pair.step)
+            await sess.save_checkpoint(metrics={"val": val})
+    # New bests at steps 1, 2 and 5; the two best (3.0 at 2, 2.0 at 5) keep theirs, each
+    # the state its checkpoint holds.
+    assert [len(listed) for _, listed in export.given] == [0, 0, 0]  # a new, empty directory
+    assert exports_of(logdir) == {"2": [2.0, 2.0], "5": [5.0, 5.0]}
+    assert on_disk(logdir) == ["model.ckpt-2", "model.ckpt-5"]
+
+
+@pytest.mark.asyncio
+async def test_an_export_that_fails_leaves_no_export_and_training_gets_its_error(
+    logdir: str, pair: Pair
+) -> None:
+    sv = asv.Supervisor(
+        logdir, checkpoint={"p": pair}, save_model_secs=0, save_summaries_secs=0,
+        keep_best=asv.KeepBest("val", export=Exports(pair, fail_at=2.0)), handle_signals=False,
+    )  # fmt: skip
+    with pytest.raises(OSError, match="disk full"):
+        async with sv.session() as sess:
+            for val in (5.0, 3.0):
+                await sess.run(pair.step)
+                await sess.save_checkpoint(metrics={"val": val})
+    assert os.listdir(os.path.join(logdir, "best")) == ["1"]  # whole, or not at all
+
+
+@pytest.mark.asyncio
+async def test_a_new_best_is_exported_as_a_keras_file_that_loads_back(logdir: str) -> None:
+    import keras
+    import numpy as np
+
+    model = keras.Sequential([keras.Input((2,)), keras.layers.Dense(1)])
+    sv = asv.Supervisor(
+        logdir, checkpoint={"model": model}, save_model_secs=0, save_summaries_secs=0,
+        keep_best=asv.KeepBest(
+            "val", export=lambda path: model.save(os.path.join(path, "model.keras"))
+        ),
+        handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        await sess.run(lambda: model.layers[0].kernel.assign_add(tf.ones((2, 1))))
+        await sess.save_checkpoint(metrics={"val": 1.0})
+        saved = model.get_weights()
+        await sess.run(lambda: model.layers[0].kernel.assign_add(tf.ones((2, 1))))
+        await sess.save_checkpoint(metrics={"val": 2.0})  # not a new best: no export
+    loaded = keras.models.load_model(os.path.join(logdir, "best", "1", "model.keras"))
+    assert all(np.array_equal(a, b) for a, b in zip(loaded.get_weights(), saved, strict=True))
+    assert os.listdir(os.path.join(logdir, "best")) == ["1"]
+
+
+def test_keep_best_export_is_checked_early() -> None:
+    with pytest.raises(ValueError, match="export"):
+        asv.KeepBest("val", export="saved_model")  # type: ignore[arg-type]
+
+
+def test_an_export_with_background_saves_is_refused_early(logdir: str, pair: Pair) -> None:
+    with pytest.raises(ValueError, match="async_checkpoint"):
+        asv.Supervisor(
+            logdir, checkpoint={"p": pair}, async_checkpoint=True,
+            keep_best=asv.KeepBest("val", export=lambda path: None),
+        )  # fmt: skip
+
+
+def test_an_export_on_an_object_store_is_refused_early(tmp_path: Path) -> None:
+    """An object store has no rename of a directory: an export there could be read
+    half-written."""
+    with pytest.raises(ValueError, match=r"keep_best.*local"):
+        asv.Supervisor(
+            f"ram://{tmp_path.name}/run", checkpoint={"v": tf.Variable(0.0)},
+            keep_best=asv.KeepBest("val", export=lambda path: None),
+        )  # fmt: skip

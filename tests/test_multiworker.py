@@ -148,7 +148,7 @@ def test_two_workers_train_only_the_chief_writes_the_logdir_and_a_restart_resume
     assert reader.Tensors("loss")[-1].step > 0
 
     # Both restarted: both restore the chief's newest checkpoint and go on from it.
-    again = start_job(logdir, scratch, "--steps", "40", "--save-secs", "30")
+    again = start_job(logdir, scratch, "--steps", "160", "--save-secs", "30")
     assert finish(again) == [0, 0], again[1].output[-3000:]
     for worker in again:
         worker.wait_for(r"starting at step 120 \(.*model\.ckpt-120\)", timeout=1)
@@ -215,7 +215,7 @@ def test_sigkill_of_a_worker_ends_the_other_cleanly_and_the_job_resumes(
     last = checkpoint_steps(logdir)[-1]
     assert last > 0
 
-    again = start_job(logdir, scratch, "--steps", "50", "--save-secs", "30")
+    again = start_job(logdir, scratch, "--steps", str(last + 50), "--save-secs", "30")
     assert finish(again) == [0, 0], again[0].output[-3000:]
     for worker in again:
         worker.wait_for(rf"starting at step {last} \(", timeout=1)

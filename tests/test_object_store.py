@@ -259,3 +259,87 @@ def test_a_scheme_tensorflow_lacks_is_refused_with_advice_that_works(scheme: str
     assert "mounted" in text and "gs://" in text
     assert "install tensorflow-io" not in text  # it does not load on TF >= 2.17
     assert ("tensorflow-io" in text) == (scheme == "s3")
+
+
+# -- a store that cannot be reached ----------------------------------------------------
+
+OFFLINE = (
+    "All 10 retry attempts failed. The last failure: Error executing an HTTP request: "
+    "libcurl code 7 meaning 'Could not connect to server', error details: Failed to "
+    "connect to 127.0.0.1 port 9 after 0 ms: Could not connect to server\n"
+    "\t when reading metadata of gs://bucket/run"
+)
+
+
+def offline(monkeypatch: pytest.MonkeyPatch) -> None:
+    """TF's gs:// as it answers with no network: its retries spent, an AbortedError."""
+
+    def unreachable(path: str) -> bool:
+        raise tf.errors.AbortedError(None, None, OFFLINE)
+
+    monkeypatch.setattr(tf.io.gfile, "exists", unreachable)
+    monkeypatch.setattr(tf.io.gfile, "listdir", unreachable)
+    monkeypatch.setattr(tf.io.gfile, "isdir", unreachable)
+
+
+def test_a_supervisor_on_a_store_that_cannot_be_reached_fails_in_one_line_with_its_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    offline(monkeypatch)
+    with pytest.raises(asv.StoreUnreachableError) as raised:
+        asv.Supervisor("gs://bucket/run", checkpoint={"v": tf.Variable(0.0)})
+    text = str(raised.value)
+    assert "\n" not in text and "gs://bucket/run" in text and "Could not connect" in text
+    assert "credentials" in text  # where to look
+    assert raised.value.outcome is asv.Outcome.UNREACHABLE
+
+    async def main() -> None:
+        asv.Supervisor("gs://bucket/run", checkpoint={"v": tf.Variable(0.0)})
+
+    capsys.readouterr()
+    status = asv.run(main)
+    assert status == asv.Outcome.UNREACHABLE.exit_status == 69
+    (line,) = capsys.readouterr().err.splitlines()  # no traceback: nothing in user code
+    assert line.startswith("asupervisor.StoreUnreachableError: logdir 'gs://bucket/run'")
+
+
+def test_inspect_of_a_store_that_cannot_be_reached_is_one_line_and_its_own_status(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from asupervisor.cli import main
+
+    offline(monkeypatch)
+    capsys.readouterr()
+    assert main(["inspect", "gs://bucket/run"]) == 69  # not 1, "no checkpoints"
+    out, err = capsys.readouterr()
+    (line,) = err.splitlines()
+    assert line.startswith("asupervisor inspect: error: logdir 'gs://bucket/run'"), line
+    assert "Could not connect" in line and out == ""
+
+
+@pytest.mark.slow
+def test_tensorflows_own_error_for_an_offline_bucket_is_the_one_line(tmp_path: Any) -> None:
+    """The real gs:// client, its proxy a port where nothing listens (one retry, not ten:
+    TF's ten take minutes)."""
+    import os
+    import subprocess
+    import sys
+
+    from tests.gcs_fixture import free_port
+
+    env = {
+        **os.environ,
+        "https_proxy": f"http://127.0.0.1:{free_port()}",
+        "GOOGLE_AUTH_TOKEN_FOR_TESTING": "fake-token",
+        "NO_GCE_CHECK": "True",
+        "GCS_RETRY_CONFIG_MAX_RETRIES": "1",
+        "GCS_RETRY_CONFIG_INIT_DELAY_TIME_US": "1000",  # its first wait: 1 ms, not 1 s
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+    }
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", "gs://asupervisor-tests/offline"],
+        capture_output=True, text=True, timeout=120, env=env,
+    )  # fmt: skip
+    assert done.returncode == 69, done.stderr
+    (line,) = done.stderr.splitlines()
+    assert "cannot be reached" in line and "Could not connect" in line, line

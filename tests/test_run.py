@@ -768,3 +768,13 @@ def test_a_restart_after_a_kill_soon_after_a_commit_is_progress_at_once(
         assert "progress='yes (costs nothing)' failures_without_progress=0/3 in_secs=0.0" in line
     if start == "standby":
         assert err.count("start=standby") + err.count("still importing") == 4, err
+
+
+def test_a_store_that_cannot_be_reached_is_restarted_within_the_budget() -> None:
+    """An outage passes; credentials that are missing do not, and the crash-loop budget
+    ends that run after --max-failures attempts without progress."""
+    from asupervisor._run import statuses
+
+    assert statuses.outcome_of(69).value == "unreachable"
+    assert statuses.outcome_of(69) in statuses.RESTARTED
+    assert statuses.describe_status(69) == "69 (unreachable)"

@@ -4,7 +4,9 @@ CheckpointManager, ported to the public API: each names the TF test it ports.
 Where TF's test mocks ``time.time``, the port runs on the real clock and drives TF's own
 timer (``tf.compat.v1.train.SecondOrStepTimer``) beside the session, at the same step
 boundaries: what TF would have done at the moments the steps really ended is the
-expectation, so a loaded machine changes both alike.
+expectation, so a loaded machine changes both alike. Where the figures depend on when
+each step ended, the session's timers and TF's read a fake clock the test moves
+(``StepClock``), as TF's test does.
 """
 
 from __future__ import annotations
@@ -50,10 +52,21 @@ class TfSaverTimer(asv.Hook):
         self.saves.append(step)
 
 
-async def test_save_secs_saves_periodically(logdir: str) -> None:
+async def test_save_secs_saves_periodically(logdir: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """basic_session_run_hooks_test.CheckpointSaverHookTest.test_save_secs_saves_periodically,
     its clock halved: steps at 0, 0.25, 1.25, 1.3, 1.35 and 2.75 s with save_secs=1 save
-    at [0, 3, 6], where the step that ends past the deadline is saved."""
+    at [0, 3, 6], where the step that ends past the deadline is saved.
+
+    As in TF's test, the clock is a fake one that only the test moves (the session's and
+    TF's timer read it): a slow machine changes nothing."""
+    from tensorflow.python.training import basic_session_run_hooks
+
+    from asupervisor._checkpointing import writer
+    from asupervisor._training import steps
+
+    clock = StepClock(1000.0)
+    for module in (steps, writer, basic_session_run_hooks):
+        monkeypatch.setattr(module, "time", clock)
     v = tf.Variable(0.0)
     hook = TfSaverTimer(save_secs=1.0)
     sv = asv.Supervisor(
@@ -65,18 +78,30 @@ async def test_save_secs_saves_periodically(logdir: str) -> None:
         handle_signals=False,
     )
     async with sv.session() as sess:
-        started = time.monotonic()
         for at in (0, 0.25, 1.25, 1.3, 1.35, 2.75):
-            await anyio.sleep(max(0.0, started + at - time.monotonic()))
+            clock.now = 1000.0 + at
             await sess.run(v.assign_add, 1.0)
-    assert hook.saves == hook.tf_saves, (hook.saves, hook.tf_saves)
-    # TF's test's own figures, which its timer gives whenever no step came a quarter of
-    # a second late (the expectation above holds either way).
-    if hook.tf_saves == [0, 3, 6]:
-        assert hook.saves == [0, 3, 6]
+    assert (hook.saves, hook.tf_saves) == ([0, 3, 6], [0, 3, 6])
 
 
 # -- helpers -----------------------------------------------------------------------
+
+
+class StepClock:
+    """``time`` for the modules whose timers a test drives: ``time()`` and ``monotonic()``
+    read ``now``, which only the test moves; the rest is the real module."""
+
+    def __init__(self, now: float) -> None:
+        self.now = now
+
+    def time(self) -> float:
+        return self.now
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(time, name)
 
 
 def quiet(logdir: str | None, checkpoint: Any = None, **kwargs: Any) -> asv.Supervisor:

@@ -34,7 +34,8 @@ stop, restart it after a failure (all workers together), kill it when it hangs, 
 give up with a report when it fails again and again without going forward.
 
 What is restarted: a failure (exit status 1, a death by a signal such as SIGKILL from
-the OOM killer) and a stuck run (124: the child's own watchdog, or a heartbeat past
+the OOM killer), a logdir's object store that could not be reached (69: an outage
+passes) and a stuck run (124: the child's own watchdog, or a heartbeat past
 --stuck-after). What is passed on and not restarted: done (0), preempted (42), failed
 permanently (78: bad configuration or input, a checkpoint that does not fit the model,
 a NaN loss, a logdir another live run holds; 126/127: the command cannot run) and
@@ -93,6 +94,7 @@ exit status (the supervisor passes its children's on):
   78     failed permanently: not retried (126/127: the command cannot run)
   1      failed, and the restart budget is spent (a crash loop); or a child could
          not be started at all
+  69     the logdir's object store could not be reached, and the budget is spent
   124    stuck, and the budget is spent
   128+N  the last failure of a crash loop was a death by signal N (137: SIGKILL), or
          a child did not exit within --grace of a stop and was killed (137)

@@ -30,7 +30,7 @@ ever deleted; ``max_to_keep=None`` keeps every one.
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -85,9 +85,24 @@ class KeepBest:
     result, ``fit``'s epoch logs, ``save_checkpoint(metrics=...)``) or what the sidecar
     evaluator measured on the checkpoint later. A commit known to be unhealthy is never
     the best. Only a strictly better value is a new best: of equal ones, the earlier
-    commit is kept."""
+    commit is kept.
 
-    def __init__(self, metric: str, mode: str = "min", count: int = 1) -> None:
+    ``export``, a callable given a new, empty directory: called on the training thread
+    right after a checkpoint that is the best so far (by the metric its commit recorded)
+    is committed, with the model in that checkpoint's state, to write the model for
+    serving there (``lambda path: model.export(path)`` for a SavedModel,
+    ``lambda path: model.save(os.path.join(path, "model.keras"))``). Each export is
+    ``<logdir>/best/<step>``, renamed into place once ``export`` returned (whole or not
+    at all); the exports of the ``count`` best stay, the others are removed
+    (``_logdir/exports.py``). It needs a local or mounted logdir and synchronous saves."""
+
+    def __init__(
+        self,
+        metric: str,
+        mode: str = "min",
+        count: int = 1,
+        export: Callable[[str], object] | None = None,
+    ) -> None:
         if not isinstance(metric, str) or not metric:
             raise ValueError(f"metric must be a non-empty string, not {metric!r}")
         if mode not in ("min", "max"):
@@ -97,6 +112,11 @@ class KeepBest:
         self.metric: str = metric
         self.mode: str = mode
         self.count: int = int(count)
+        if export is not None and not callable(export):
+            raise ValueError(
+                f"export must be a callable given a directory, or None, not {export!r}"
+            )
+        self.export: Callable[[str], object] | None = export
 
     def __repr__(self) -> str:
         return f"KeepBest({self.metric!r}, mode={self.mode!r}, count={self.count})"

@@ -29,6 +29,8 @@ import threading
 from collections.abc import Iterable, Iterator
 from typing import Literal
 
+from .._errors import StoreUnreachableError
+
 Kind = Literal["file", "dir", "other"]
 
 MAX_READ = 1 << 20  # a state file or a lease is a few hundred bytes: 1 MiB is plenty
@@ -53,6 +55,34 @@ def no_file_system(path: str) -> str:
 
 
 _CHECKPOINT_FILE = re.compile(r"\.index|\.data-\d{5,}-of-\d{5,}")  # what TF writes
+
+# TensorFlow's error codes (``tf.errors``) for a store that cannot be reached or that
+# refuses the credentials: ABORTED is what its gs:// client raises once its retries are
+# spent; the others, what a store or the credentials' lookup answers.
+_UNREACHABLE_CODES = frozenset(
+    {
+        4,  # DEADLINE_EXCEEDED
+        7,  # PERMISSION_DENIED
+        9,  # FAILED_PRECONDITION (no credentials found)
+        10,  # ABORTED
+        14,  # UNAVAILABLE
+        16,  # UNAUTHENTICATED
+    }
+)
+
+
+def unreachable(path: str, error: BaseException) -> StoreUnreachableError | None:
+    """``error`` as the one-line ``StoreUnreachableError`` for the logdir ``path``, if it is
+    TensorFlow's error for an object store that cannot be reached (or refuses the
+    credentials); ``None`` for any other error, and for a local path."""
+    if not is_object_store(path) or getattr(error, "error_code", None) not in _UNREACHABLE_CODES:
+        return None
+    reason = " ".join(str(getattr(error, "message", error)).split())  # TF's text: one line
+    return StoreUnreachableError(
+        f"logdir {path!r}: the object store cannot be reached ({reason}); check the "
+        "network and the credentials TensorFlow finds (GOOGLE_APPLICATION_CREDENTIALS, "
+        "gcloud's application default credentials, the machine's service account)"
+    )
 
 
 class Store:

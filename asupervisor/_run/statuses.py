@@ -10,7 +10,9 @@ from .._outcome import Outcome, worst
 
 _BY_STATUS = {outcome.exit_status: outcome for outcome in Outcome}  # _outcome's table
 CANNOT_RUN = (126, 127)  # the shell's "not executable" and "not found"
-RESTARTED = frozenset({Outcome.FAILED, Outcome.STUCK})  # worth another attempt
+# Worth another attempt. A store out of reach too: an outage passes, and credentials that
+# are missing end the run by the crash-loop budget (no attempt commits anything).
+RESTARTED = frozenset({Outcome.FAILED, Outcome.STUCK, Outcome.UNREACHABLE})
 
 
 def outcome_of(status: int) -> Outcome:

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._errors import CheckpointMismatchError, DivergedError
 from .._log import log
+from .._logdir.exports import export_if_best
 from .._logdir.files import checkpoint_problem
 from .._logdir.history import Commit
 from .._logdir.records import Record, finite_numbers
@@ -131,8 +132,24 @@ class SessionCheckpoints:
         path = writer.save(step, record, force=force, final=final, tag=runs)
         if path is not None:
             stepper.state_saved(runs)
+            self._export_if_best(step, path)
             self.call_after_save(step, path)
         return path
+
+    def _export_if_best(self, step: int, path: str) -> None:
+        """A commit written now (synchronously: the model is in its state) that is the best
+        so far is exported, if ``KeepBest(export=...)`` asks; by the chief only."""
+        keep_best, checkpointer = self.sv.keep_best, self.checkpointer
+        if keep_best is None or keep_best.export is None or checkpointer is None:
+            return
+        name = checkpointer.store.name_of(path)
+        if name is None or not self.sv.is_chief:
+            return
+        exported = export_if_best(
+            keep_best, checkpointer.writer.retention, checkpointer.catalog.history, name, step
+        )
+        if exported is not None:
+            log.info("checkpoint.exported", step=step, path=exported)
 
     def _record(self, step: int, metrics: Mapping[str, Any] | None) -> tuple[Record, str]:
         """What a commit records: the last step's numbers (and the ones given), and

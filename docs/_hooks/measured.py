@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import re
+import shlex
 import sys
 from pathlib import Path
 from typing import Any
@@ -47,6 +48,25 @@ COMMANDS = {
     "resume_equivalence": "python benchmarks/resume_equivalence.py",
     "resume_equivalence_workers": "python benchmarks/resume_equivalence.py --workers",
 }
+
+
+# Options that only say where a benchmark kept its own output (a folder of the machine it
+# ran on): the figures do not depend on them, so the header leaves them out.
+OUTPUT_OPTIONS = ("--logs",)
+
+
+def shown_command(command: str) -> str:
+    """``command`` as a page shows it: without the options in ``OUTPUT_OPTIONS``."""
+    words, kept = shlex.split(command), []
+    skip = False
+    for word in words:
+        if skip:
+            skip = False
+        elif word in OUTPUT_OPTIONS:
+            skip = True  # and its value, the next word
+        elif not word.startswith(tuple(f"{o}=" for o in OUTPUT_OPTIONS)):
+            kept.append(word)
+    return shlex.join(kept)
 
 
 def pages() -> list[Path]:
@@ -86,7 +106,7 @@ def render(name: str, results: Path = RESULTS) -> str:
     if not path.exists():
         return f"*Not measured yet: run `{command}`.*"
     data = json.loads(path.read_text())
-    head = [f"Measured by `{data.get('command', command)}`"]
+    head = [f"Measured by `{shown_command(data.get('command', command))}`"]
     if data.get("date"):
         head.append(f"on {data['date']}")
     if data.get("commit"):
