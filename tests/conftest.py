@@ -54,6 +54,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(replay_line())
+    from tests.slurm_cluster import unavailable
+
+    why = unavailable()
+    if why:  # the tests on a real SLURM cluster were skipped: say why, in one line
+        terminalreporter.write_line(f"SLURM cluster tests skipped: {why}")
 
 
 # The files whose tests take longest (real runs of `asupervisor run`, cold starts, searches
@@ -80,6 +85,7 @@ LONGEST_FIRST = (
     "test_end_of_data.py",
     "test_store.py",
     "test_evaluator.py",
+    "test_slurm_cluster.py",
     "test_signals.py",
     "test_cli.py",
     "test_run.py",
