@@ -18,6 +18,7 @@ from typing import Any
 from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import judge
 from .._logdir.store import Store, is_object_store
+from .._run.group import Restarts, StatusMap
 from .._run.supervisor import (
     DEFAULT_GRACE_SECS,
     DEFAULT_PRELOAD,
@@ -53,6 +54,12 @@ step runs longer than --stuck-after, is stuck: the stop signal, SIGKILL 10 s lat
 and a restart. A process that still runs --stuck-after after its session ended is
 stopped the same way, and its end is passed on with its session's status (a done run
 stays done).
+
+A job across hosts: when the one child is one worker of a larger job that others
+start (TF_CONFIG names more than one task, or SLURM_STEP_NUM_TASKS > 1), a worker
+restarted alone could not rejoin its group; then a failure or a hang ends the run at
+once with the child's status, for the engine (SLURM, a JobSet, a TFJob) to restart the
+job as a whole (--restarts).
 
 SIGTERM, SIGINT or SIGUSR1 (SLURM's requeue signal) to the supervisor sends
 --stop-signal to every child, waits --grace seconds for its final checkpoint, then
@@ -94,6 +101,8 @@ exit status (the supervisor passes its children's on):
          a child did not exit within --grace of a stop and was killed (137)
   130    a second SIGINT: every child killed at once
   2      bad arguments (and a --workers count the open-file limit cannot hold)
+  with --restarts engine (a job across hosts), a failure (1, 128+N) or a hang (124)
+  is passed on at once; --exit-status-map shows any of these as another number
 """
 
 HEALTH_EPILOG = """\
@@ -150,6 +159,21 @@ def _signal(text: str) -> signal.Signals:
     if found is None or found in (signal.SIGKILL, signal.SIGSTOP):
         raise argparse.ArgumentTypeError(f"{text!r} is not a signal that can ask for a stop")
     return found
+
+
+def _restarts(text: str) -> Restarts:
+    try:
+        return Restarts(text)
+    except ValueError:
+        names = ", ".join(r.value for r in Restarts)
+        raise argparse.ArgumentTypeError(f"must be one of {names}, not {text!r}") from None
+
+
+def _status_map(text: str) -> StatusMap:
+    try:
+        return StatusMap.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -250,6 +274,28 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         help="what a standby imports, comma-separated (default: %(default)s)",
     )
     run.add_argument(
+        "--restarts",
+        type=_restarts,
+        default=Restarts.AUTO,
+        metavar="{auto,here,engine}",
+        help="who restarts a worker that failed or hung: 'here' (this run), or 'engine' "
+        "(this run's one child is one worker of a job across hosts: restarted alone it "
+        "could not rejoin its group, so the run exits at once with the child's status, for "
+        "SLURM, a JobSet or a TFJob to restart the job as a whole); 'auto' is 'engine' when "
+        "TF_CONFIG names more than one task or SLURM_STEP_NUM_TASKS > 1 (one task of a SLURM "
+        "step of several), else 'here' (default: auto)",
+    )
+    run.add_argument(
+        "--exit-status-map",
+        type=_status_map,
+        default=StatusMap(),
+        metavar="MAP",
+        help="the run's exit status as an engine that retries only some is told it: "
+        "NAME=STATUS,... with NAME one of done, preempted, failed, permanent, stuck, "
+        "interrupted, or 'tfjob' (Kubeflow's TFJob retries only 130, 137, 138 and 143: "
+        "preempted=143,stuck=138)",
+    )
+    run.add_argument(
         "argv",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
@@ -321,6 +367,8 @@ def _run_main(args: argparse.Namespace) -> int:
         startup_timeout=max(args.startup_timeout, args.stuck_after),
         standby=args.standby,
         preload=preload,
+        restarts=args.restarts,
+        status_map=args.exit_status_map,
     )
     return run_command(config)
 

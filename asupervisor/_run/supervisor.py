@@ -41,7 +41,7 @@ import resource
 import signal
 import sys
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import anyio
@@ -53,6 +53,7 @@ from .._outcome import Outcome
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget
+from .group import Restarts, StatusMap, membership
 from .process import Proc, adopt, spawn
 from .standbys import Standby, standby_plan
 from .statuses import describe_status, outcome_of, shell_status
@@ -109,6 +110,8 @@ class RunConfig:
     startup_timeout: float = 900.0
     standby: bool = False
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    restarts: Restarts = Restarts.AUTO  # who restarts a failed worker (group.membership)
+    status_map: StatusMap = field(default_factory=StatusMap)  # the status the engine sees
 
 
 class CannotStart(Exception):
@@ -211,8 +214,12 @@ class ProcessSupervisor:
                 tg.cancel_scope.cancel()
         finally:
             self.kill_everything()
-        self.say("run.ended", status=describe_status(status))
-        return status
+        shown = self.config.status_map(status)
+        if shown != status:
+            self.say("run.ended", status=describe_status(status), exit_status=shown)
+        else:
+            self.say("run.ended", status=describe_status(status))
+        return shown
 
     async def _reaped(self) -> None:
         """Wait (bounded) until every killed process was reaped: a process left to the
@@ -252,12 +259,14 @@ class ProcessSupervisor:
         config, control = self.config, self._control
         assert control is not None and self._tg is not None
         self._standby = Standby(config.command, config.preload, config.standby, self.say)
+        member = membership(config.restarts, os.environ, config.workers)
         self.say(
             "run.started",
             command=" ".join(config.command),
             workers=config.workers,
             logdir=config.logdir,
             standby=self._standby.state,
+            restarts=f"{member.restarts} ({member.why})",
         )
         await self._standby.open(self._spawn)
         budget = RestartBudget(config.max_failures, config.backoff_secs, config.max_backoff_secs)
@@ -273,6 +282,16 @@ class ProcessSupervisor:
                 if decision.crash_loop:
                     self._print(await self._crash_loop_report(budget.failures))
                 return decision.status
+            if member.restarts is Restarts.ENGINE:
+                # One worker of a job others started: restarted alone, it could not join
+                # its old group. The engine restarts the job as a whole.
+                self.say(
+                    "run.restart_left_to_engine",
+                    after=result.why,
+                    status=describe_status(result.status),
+                    why=member.why,
+                )
+                return result.status
             self.say(
                 "run.restarting",
                 attempt=number + 1,
