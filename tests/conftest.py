@@ -29,12 +29,15 @@ from tests.search import replay_line
 
 if TYPE_CHECKING:
     from tests.pair import Pair
+    from tests.slurm_cluster import Cluster as SlurmCluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In a pytest-xdist run, one fork server for every worker (each would import
     TensorFlow again for a server of its own); started before the workers, which inherit
     where it is."""
+    if not hasattr(config, "workerinput"):
+        _share_one_slurm_cluster(config)
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         import tempfile
 
@@ -46,6 +49,34 @@ def pytest_configure(config: pytest.Config) -> None:
         # The workers themselves fork from it: TensorFlow is imported once for the run.
         warm = f"popen//python={sys.executable} {Path(__file__).parent / 'warm_worker.py'}"
         config.option.tx = [warm if spec == "popen" else spec for spec in config.option.tx]
+
+
+def _share_one_slurm_cluster(config: pytest.Config) -> None:
+    """One SLURM cluster for the whole run (tests/slurm_cluster.py: the first test that
+    needs it brings it up; every worker shares it), ended when the run ends."""
+    import tempfile
+
+    from tests import slurm_cluster
+
+    place = tempfile.mkdtemp(prefix="asv-slurm-")
+    os.environ[slurm_cluster.SHARED_ENV] = place  # the workers inherit it
+
+    def down() -> None:
+        slurm_cluster.Cluster(Path(place)).down()
+        shutil.rmtree(place, ignore_errors=True)
+
+    config.add_cleanup(down)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> SlurmCluster:
+    """The suite's SLURM cluster; the test is skipped, saying why, where none can run."""
+    from tests import slurm_cluster
+
+    why = slurm_cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    return slurm_cluster.shared()
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -22,6 +22,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -43,6 +44,7 @@ PROGRAMS = (
 # A requeued batch job waits cred_expire + 1 s before it may run again (120 s by default).
 CRED_EXPIRE_SECS = 10
 UP_TIMEOUT_SECS = 60.0
+UP_STATES = ("idle", "alloc", "mix", "comp", "resv", "plnd")
 DOWN_TIMEOUT_SECS = 15.0
 
 
@@ -89,6 +91,8 @@ class Cluster:
     """The cluster whose files are in ``root``."""
 
     root: Path
+    nodes: tuple[tuple[str, str], ...] = NODES  # (name, loopback address) of each node
+    first_job: int = 1  # job ids from here: two clusters' jobs are never the same number
 
     @property
     def conf(self) -> Path:
@@ -112,13 +116,14 @@ class Cluster:
         return found
 
     def running(self) -> bool:
-        """Every daemon this directory started runs and every node answers ``idle`` or
-        ``allocated``/``mixed`` (not down or drained)."""
+        """Every daemon this directory started runs and every node is up (``UP_STATES``;
+        not down, drained or failed)."""
+        return self._daemons_alive() and self._nodes_up()
+
+    def _daemons_alive(self) -> bool:
         pids = self.pids()
-        expected = {"munged", "slurmctld", *(name for name, _ in NODES)}
-        if set(pids) != expected or not all(alive(p) for p in pids.values()):
-            return False
-        return self._nodes_up()
+        expected = {"munged", "slurmctld", *(name for name, _ in self.nodes)}
+        return set(pids) == expected and all(alive(p) for p in pids.values())
 
     def _nodes_up(self) -> bool:
         try:
@@ -132,8 +137,11 @@ class Cluster:
         except subprocess.TimeoutExpired:
             return False
         states = dict(line.split() for line in done.stdout.splitlines() if line.strip())
+        # Up is any state a job can run in or has just run in (idle, alloc, mix, comp:
+        # completing); a node that is down, drained, failed or unknown is not.
         return done.returncode == 0 and all(
-            states.get(name, "").rstrip("*~#") in ("idle", "alloc", "mix") for name, _ in NODES
+            states.get(name, "unk").rstrip("*~#!%$@^-+").startswith(UP_STATES)
+            for name, _ in self.nodes
         )
 
     def up(self) -> None:
@@ -142,7 +150,9 @@ class Cluster:
         why = unavailable()
         if why:
             raise RuntimeError(why)
-        if self.running():
+        if self._daemons_alive():
+            # Up already (or coming up): never torn down under the jobs of its users.
+            self._wait_for(self._nodes_up, "every node up")
             return
         self.down()  # a half-started cluster: end what runs, start again
         for sub in ("pids", "state", "spool", "log", "munge"):
@@ -151,7 +161,7 @@ class Cluster:
         self._start("munged", self._munged())
         self._wait_for(lambda: (self.root / "munge" / "socket").exists(), "munged's socket")
         self._start("slurmctld", [_program("slurmctld"), "-D", "-c", "-f", str(self.conf)])
-        for name, _ in NODES:
+        for name, _ in self.nodes:
             # Its own host name: the tasks on this node see `hostname` == name.
             self._start(
                 name,
@@ -179,6 +189,7 @@ class Cluster:
         ctld_port = _free_port()
         lines = [
             "ClusterName=asvtest",
+            f"FirstJobId={self.first_job}",
             f"SlurmctldHost={socket.gethostname()}",
             f"SlurmctldPort={ctld_port}",
             "SlurmUser=root",
@@ -212,12 +223,12 @@ class Cluster:
             "SlurmdTimeout=30",
             "InactiveLimit=0",
         ]
-        for name, addr in NODES:
+        for name, addr in self.nodes:
             lines.append(
                 f"NodeName={name} NodeAddr={addr} NodeHostname={name} Port={_free_port()} "
                 "CPUs=2 RealMemory=4000 State=UNKNOWN"
             )
-        nodes = ",".join(name for name, _ in NODES)
+        nodes = ",".join(name for name, _ in self.nodes)
         lines.append(
             f"PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP "
             "OverSubscribe=FORCE:4"
@@ -264,7 +275,9 @@ class Cluster:
         # Each node's processes (slurmd, its slurmstepd and the tasks, which leave slurmd's
         # session) share the node's UTS namespace, and nothing else on the machine does.
         nodes = {
-            uts_namespace(pids[name]) for name, _ in NODES if name in pids and alive(pids[name])
+            uts_namespace(pids[name])
+            for name, _ in self.nodes
+            if name in pids and alive(pids[name])
         }
         nodes.discard(uts_namespace(os.getpid()))
         nodes.discard(None)
@@ -316,6 +329,25 @@ def _signal_group(pid: int, sig: signal.Signals) -> None:
             os.kill(pid, sig)
         except ProcessLookupError:
             pass
+
+
+SHARED_ENV = "ASV_SLURM_DIR"  # the suite's one cluster (tests/conftest.py sets it)
+
+
+def shared() -> Cluster:
+    """The suite's one cluster, brought up by the first test that needs it (under a lock:
+    pytest-xdist's workers share it) and down when the suite ends (tests/conftest.py).
+    Two clusters at once on one machine are avoided: their nodes would share names and
+    addresses."""
+    import fcntl
+
+    root = Path(os.environ.get(SHARED_ENV) or Path(tempfile.gettempdir()) / "asv-slurm-suite")
+    root.mkdir(parents=True, exist_ok=True)
+    cluster = Cluster(root)
+    with open(root / "lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        cluster.up()
+    return cluster
 
 
 def main(argv: list[str]) -> int:

@@ -10,14 +10,14 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from asupervisor._outcome import Outcome
 from asupervisor._run.group import Restarts, StatusMap, membership
-from tests.slurm_cluster import Cluster, unavailable
+from asupervisor._run.slurm import MemberEnd, Step, expand_counts, group_status, tf_config
+from tests.slurm_cluster import Cluster
 from tests.test_run import ROOT, child
 
 TWO_WORKERS = json.dumps(
@@ -133,22 +133,52 @@ def test_with_restarts_here_the_same_member_restarts_its_worker(tmp_path: Path) 
     assert (run.returncode, out) == (0, "started\nstarted\n"), err
 
 
+def test_slurms_task_counts_and_placement_are_read_as_slurm_writes_them() -> None:
+    assert expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert expand_counts("1(x2)") == [1, 1]
+    step = Step("77", procid=2, nodes=("a", "b"), tasks_per_node=(2, 1), restart_count=0)
+    assert step.placement() == [("a", 0), ("a", 1), ("b", 0)]
+    config = json.loads(tf_config(step, attempt=3, addresses={"a": "10.0.0.1", "b": "b"}))
+    port = int(config["cluster"]["worker"][0].rsplit(":", 1)[1])
+    assert config == {
+        "cluster": {"worker": [f"10.0.0.1:{port}", f"10.0.0.1:{port + 1}", f"b:{port}"]},
+        "task": {"type": "worker", "index": 2},
+    }
+    # Every task derives the same ports; the next attempt and a requeue use others.
+    again = json.loads(tf_config(step, attempt=4, addresses={"a": "x", "b": "y"}))
+    assert again["cluster"]["worker"][0] != f"x:{port}"
+
+
+def end(rank: int, status: int, stopped: bool, at: float) -> MemberEnd:
+    return MemberEnd(rank, f"n{rank + 1}", status, stopped, "how", at)
+
+
+@pytest.mark.parametrize(
+    ("ends", "status", "cause"),
+    [
+        # srun says 42 (the highest): the task that failed on its own is the cause
+        ([end(0, 42, True, 2.0), end(1, 1, False, 1.0)], 1, "worker 1 on n2"),
+        ([end(0, 124, False, 2.0), end(1, 1, False, 1.0)], 124, "worker 0 on n1"),
+        ([end(0, 1, False, 2.0), end(1, 1, False, 1.0)], 1, "worker 1 on n2"),  # the first
+        ([end(0, 42, True, 1.0)], 1, "worker 1 left no end"),  # its node was lost
+        ([end(0, 42, True, 1.0), end(1, 42, True, 1.5)], 42, "every worker was stopped"),
+        ([end(0, 0, False, 1.0), end(1, 0, False, 1.5)], 0, "worker 0 on n1"),
+        ([], 137, "no worker recorded its end"),
+    ],
+)
+def test_a_steps_status_is_its_causes_not_sruns(
+    ends: list[MemberEnd], status: int, cause: str
+) -> None:
+    decided, why = group_status(ends, tasks=2, step_status=137)
+    assert decided == status
+    assert cause in why
+
+
 # -- on a real SLURM cluster ----------------------------------------------------------------
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    why = unavailable()
-    if why:
-        pytest.skip(why)
-    c = Cluster(tmp_path_factory.mktemp("slurm"))
-    c.up()
-    yield c
-    c.down()
-
-
 def test_in_a_slurm_step_the_failed_task_ends_the_step_and_no_task_restarts_alone(
-    cluster: Cluster, tmp_path: Path
+    slurm: Cluster, tmp_path: Path
 ) -> None:
     # Task 1 (on n2) fails; task 0 (on n1) would sleep for ten minutes. With srun -K1 the
     # step ends when the one fails: nobody restarted a worker alone.
@@ -168,7 +198,7 @@ def test_in_a_slurm_step_the_failed_task_ends_the_step_and_no_task_restarts_alon
         ["srun", "-N2", "-n2", "-K1", "--kill-on-bad-exit=1",
          sys.executable, "-m", "asupervisor", "run", "--no-heartbeat", "--grace", "5",
          "--", sys.executable, script],
-        env={**cluster.env, "PYTHONPATH": str(Path(__file__).parents[1])},
+        env={**slurm.env, "PYTHONPATH": str(Path(__file__).parents[1])},
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip
     assert done.returncode != 0, done.stdout + done.stderr

@@ -8,40 +8,31 @@ from __future__ import annotations
 
 import subprocess
 import time
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import NODES, Cluster, alive, in_namespaces, unavailable, uts_namespace
+from tests.slurm_cluster import Cluster, alive, in_namespaces, unavailable, uts_namespace
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
 
 
-@pytest.fixture(scope="module")
-def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
-    c = Cluster(tmp_path_factory.mktemp("slurm"))
-    c.up()
-    yield c
-    c.down()
-
-
-def run(cluster: Cluster, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
+def run(slurm: Cluster, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        argv, env=dict(cluster.env), capture_output=True, text=True, timeout=timeout, check=False
+        argv, env=dict(slurm.env), capture_output=True, text=True, timeout=timeout, check=False
     )
 
 
 def test_a_step_of_two_tasks_runs_one_on_each_node_with_its_own_host_name(
-    cluster: Cluster,
+    slurm: Cluster,
 ) -> None:
-    done = run(cluster, "srun", "-N2", "-n2", "-K1", "sh", "-c", 'echo "$SLURM_PROCID $(hostname)"')
-    assert done.returncode == 0, done.stderr + cluster.logs()
+    done = run(slurm, "srun", "-N2", "-n2", "-K1", "sh", "-c", 'echo "$SLURM_PROCID $(hostname)"')
+    assert done.returncode == 0, done.stderr + slurm.logs()
     assert sorted(done.stdout.split("\n")[:2]) == ["0 n1", "1 n2"], done.stdout
 
 
 def test_a_batch_job_that_exits_42_is_requeued_and_runs_again(
-    cluster: Cluster, tmp_path: Path
+    slurm: Cluster, tmp_path: Path
 ) -> None:
     out = tmp_path / "runs.txt"
     script = tmp_path / "job.sh"
@@ -51,28 +42,32 @@ def test_a_batch_job_that_exits_42_is_requeued_and_runs_again(
         '[ "${SLURM_RESTART_COUNT:-0}" -ge 1 ] && exit 0\n'
         "exit 42\n"
     )
-    submitted = run(cluster, "sbatch", "--parsable", "--requeue", "-o", "/dev/null", str(script))
+    submitted = run(slurm, "sbatch", "--parsable", "--requeue", "-o", "/dev/null", str(script))
     assert submitted.returncode == 0, submitted.stderr
     job = submitted.stdout.strip().split(";")[0]
     # Bounded by what happens: the job's state, read from the controller, until it is over.
     state = ""
     for _ in range(600):
-        shown = run(cluster, "scontrol", "show", "job", job, "-o").stdout
+        shown = run(slurm, "scontrol", "show", "job", job, "-o").stdout
         state = next((w for w in shown.split() if w.startswith("JobState=")), "")
         if state in ("JobState=COMPLETED", "JobState=FAILED", "JobState=CANCELLED"):
             break
         time.sleep(0.2)
-    assert state == "JobState=COMPLETED", shown + cluster.logs()
+    assert state == "JobState=COMPLETED", shown + slurm.logs()
     assert "Restarts=1" in shown
     assert out.read_text().split("\n")[:2] == [f"{job} 0", f"{job} 1"]
 
 
+# A cluster of its own, beside the suite's: other node names and addresses, other job ids.
+OWN_NODES = (("m1", "127.0.0.3"), ("m2", "127.0.0.4"))
+
+
 def test_down_ends_every_process_the_cluster_started(tmp_path: Path) -> None:
-    c = Cluster(tmp_path / "own")
+    c = Cluster(tmp_path / "own", nodes=OWN_NODES, first_job=100000)
     c.up()
     c.up()  # idempotent: a cluster that is up is left as it is
     pids = dict(c.pids())
-    namespaces = {uts_namespace(pids[name]) for name, _ in NODES}
+    namespaces = {uts_namespace(pids[name]) for name, _ in OWN_NODES}
     sleeper = run(c, "srun", "-N2", "-n2", "--immediate=10", "true")  # a step ran on each
     assert sleeper.returncode == 0, sleeper.stderr
     c.down()

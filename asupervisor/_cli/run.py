@@ -19,6 +19,7 @@ from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import judge
 from .._logdir.store import Store, is_object_store
 from .._run.group import Restarts, StatusMap
+from .._run.slurm import SlurmError, srun_command, step_tasks
 from .._run.supervisor import (
     DEFAULT_GRACE_SECS,
     DEFAULT_PRELOAD,
@@ -286,6 +287,15 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         "step of several), else 'here' (default: auto)",
     )
     run.add_argument(
+        "--slurm",
+        action="store_true",
+        help="in a SLURM batch script: run the command as one step of one task per node "
+        "(srun --kill-on-bad-exit=1, each task an `asupervisor run --restarts engine` "
+        "watching its worker, its TF_CONFIG built from SLURM's environment) and start the "
+        "step again inside the allocation when it fails, with this run's budget; progress "
+        "is read from the history, so --logdir is required",
+    )
+    run.add_argument(
         "--exit-status-map",
         type=_status_map,
         default=StatusMap(),
@@ -354,6 +364,8 @@ def _run_main(args: argparse.Namespace) -> int:
         return _error("run", f"--workers {args.workers}{' --standby' if args.standby else ''} "
                       f"{too_many}: raise it, or start fewer workers", 2)  # fmt: skip
     preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+    if args.slurm:
+        return _run_slurm(args, command, preload)
     config = RunConfig(
         command=tuple(command),
         logdir=args.logdir,
@@ -369,6 +381,46 @@ def _run_main(args: argparse.Namespace) -> int:
         preload=preload,
         restarts=args.restarts,
         status_map=args.exit_status_map,
+    )
+    return run_command(config)
+
+
+# What the outer run of --slurm adds to its tasks' grace: srun's own forwarding and ending.
+SLURM_GRACE_MARGIN_SECS = 15.0
+
+
+def _run_slurm(args: argparse.Namespace, command: list[str], preload: tuple[str, ...]) -> int:
+    """``--slurm``: the outer run. Its child is the step (srun); liveness is each task's
+    own run's to watch (a beat does not cross hosts), progress is the history's."""
+    if not args.logdir:
+        return _error("run", "--slurm needs --logdir: the step's progress is read from the "
+                      "run's history", 2)  # fmt: skip
+    if args.workers != 1:
+        return _error("run", "--slurm starts one worker per task: --workers does not apply", 2)
+    member = [
+        "--grace", repr(args.grace), "--stop-signal", args.stop_signal.name,
+        "--stuck-after", repr(args.stuck_after),
+        "--startup-timeout", repr(max(args.startup_timeout, args.stuck_after)),
+        "--preload", ",".join(preload), "--logdir", args.logdir,
+        *([] if args.heartbeat else ["--no-heartbeat"]),
+        *(["--standby"] if args.standby else []),
+    ]  # fmt: skip
+    try:
+        step = srun_command(command, os.environ, member, sys.executable)
+    except SlurmError as exc:
+        return _error("run", f"--slurm: {exc}", 2)
+    config = RunConfig(
+        command=tuple(step),
+        logdir=args.logdir,
+        max_failures=args.max_failures,
+        backoff_secs=args.backoff,
+        max_backoff_secs=max(args.max_backoff, args.backoff),
+        grace_secs=args.grace + SLURM_GRACE_MARGIN_SECS,
+        stop_signal=signal.SIGTERM,  # srun forwards it to every task
+        stuck_after=None,
+        restarts=Restarts.HERE,
+        status_map=args.exit_status_map,
+        step_tasks=step_tasks(os.environ),
     )
     return run_command(config)
 
