@@ -29,12 +29,15 @@ from tests.search import replay_line
 
 if TYPE_CHECKING:
     from tests.pair import Pair
+    from tests.slurm_cluster import Cluster as SlurmCluster
 
 
 def pytest_configure(config: pytest.Config) -> None:
     """In a pytest-xdist run, one fork server for every worker (each would import
     TensorFlow again for a server of its own); started before the workers, which inherit
     where it is."""
+    if not hasattr(config, "workerinput"):
+        _share_one_slurm_cluster(config)
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         import tempfile
 
@@ -48,12 +51,45 @@ def pytest_configure(config: pytest.Config) -> None:
         config.option.tx = [warm if spec == "popen" else spec for spec in config.option.tx]
 
 
+def _share_one_slurm_cluster(config: pytest.Config) -> None:
+    """One SLURM cluster for the whole run (tests/slurm_cluster.py: the first test that
+    needs it brings it up; every worker shares it), ended when the run ends."""
+    import tempfile
+
+    from tests import slurm_cluster
+
+    place = tempfile.mkdtemp(prefix="asv-slurm-")
+    os.environ[slurm_cluster.SHARED_ENV] = place  # the workers inherit it
+
+    def down() -> None:
+        slurm_cluster.Cluster(Path(place)).down()
+        shutil.rmtree(place, ignore_errors=True)
+
+    config.add_cleanup(down)
+
+
+@pytest.fixture(scope="session")
+def slurm() -> SlurmCluster:
+    """The suite's SLURM cluster; the test is skipped, saying why, where none can run."""
+    from tests import slurm_cluster
+
+    why = slurm_cluster.unavailable()
+    if why:
+        pytest.skip(why)
+    return slurm_cluster.shared()
+
+
 def pytest_report_header(config: pytest.Config) -> str:
     return replay_line()
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
     terminalreporter.write_line(replay_line())
+    from tests.slurm_cluster import unavailable
+
+    why = unavailable()
+    if why:  # the tests on a real SLURM cluster were skipped: say why, in one line
+        terminalreporter.write_line(f"SLURM cluster tests skipped: {why}")
 
 
 # The files whose tests take longest (real runs of `asupervisor run`, cold starts, searches
@@ -80,6 +116,7 @@ LONGEST_FIRST = (
     "test_end_of_data.py",
     "test_store.py",
     "test_evaluator.py",
+    "test_slurm_cluster.py",
     "test_signals.py",
     "test_cli.py",
     "test_run.py",

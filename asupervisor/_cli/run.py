@@ -18,6 +18,8 @@ from typing import Any
 from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import judge
 from .._logdir.store import Store, is_object_store
+from .._run.group import Restarts, StatusMap
+from .._run.slurm import SlurmError, srun_command, step_tasks
 from .._run.supervisor import (
     DEFAULT_GRACE_SECS,
     DEFAULT_PRELOAD,
@@ -58,6 +60,12 @@ all of it before the first step has ended and during the final checkpoint, is bo
 by --startup-timeout instead. A process that still runs --stuck-after after its session ended is
 stopped the same way, and its end is passed on with its session's status (a done run
 stays done).
+
+A job across hosts: when the one child is one worker of a larger job that others
+start (TF_CONFIG names more than one task, or SLURM_STEP_NUM_TASKS > 1), a worker
+restarted alone could not rejoin its group; then a failure or a hang ends the run at
+once with the child's status, for the engine (SLURM, a JobSet, a TFJob) to restart the
+job as a whole (--restarts).
 
 SIGTERM, SIGINT or SIGUSR1 (SLURM's requeue signal) to the supervisor sends
 --stop-signal to every child, waits --grace seconds for its final checkpoint, then
@@ -100,6 +108,8 @@ exit status (the supervisor passes its children's on):
          a child did not exit within --grace of a stop and was killed (137)
   130    a second SIGINT: every child killed at once
   2      bad arguments (and a --workers count the open-file limit cannot hold)
+  with --restarts engine (a job across hosts), a failure (1, 128+N) or a hang (124)
+  is passed on at once; --exit-status-map shows any of these as another number
 """
 
 HEALTH_EPILOG = """\
@@ -157,6 +167,21 @@ def _signal(text: str) -> signal.Signals:
     if found is None or found in (signal.SIGKILL, signal.SIGSTOP):
         raise argparse.ArgumentTypeError(f"{text!r} is not a signal that can ask for a stop")
     return found
+
+
+def _restarts(text: str) -> Restarts:
+    try:
+        return Restarts(text)
+    except ValueError:
+        names = ", ".join(r.value for r in Restarts)
+        raise argparse.ArgumentTypeError(f"must be one of {names}, not {text!r}") from None
+
+
+def _status_map(text: str) -> StatusMap:
+    try:
+        return StatusMap.parse(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None:
@@ -259,6 +284,37 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         help="what a standby imports, comma-separated (default: %(default)s)",
     )
     run.add_argument(
+        "--restarts",
+        type=_restarts,
+        default=Restarts.AUTO,
+        metavar="{auto,here,engine}",
+        help="who restarts a worker that failed or hung: 'here' (this run), or 'engine' "
+        "(this run's one child is one worker of a job across hosts: restarted alone it "
+        "could not rejoin its group, so the run exits at once with the child's status, for "
+        "SLURM, a JobSet or a TFJob to restart the job as a whole); 'auto' is 'engine' when "
+        "TF_CONFIG names more than one task or SLURM_STEP_NUM_TASKS > 1 (one task of a SLURM "
+        "step of several), else 'here' (default: auto)",
+    )
+    run.add_argument(
+        "--slurm",
+        action="store_true",
+        help="in a SLURM batch script: run the command as one step of one task per node "
+        "(srun --kill-on-bad-exit=1, each task an `asupervisor run --restarts engine` "
+        "watching its worker, its TF_CONFIG built from SLURM's environment) and start the "
+        "step again inside the allocation when it fails, with this run's budget; progress "
+        "is read from the history, so --logdir is required",
+    )
+    run.add_argument(
+        "--exit-status-map",
+        type=_status_map,
+        default=StatusMap(),
+        metavar="MAP",
+        help="the run's exit status as an engine that retries only some is told it: "
+        "NAME=STATUS,... with NAME one of done, preempted, failed, permanent, stuck, "
+        "interrupted, or 'tfjob' (Kubeflow's TFJob retries only 130, 137, 138 and 143: "
+        "preempted=143,stuck=138)",
+    )
+    run.add_argument(
         "argv",
         nargs=argparse.REMAINDER,
         metavar="-- COMMAND",
@@ -319,6 +375,8 @@ def _run_main(args: argparse.Namespace) -> int:
         return _error("run", f"--workers {args.workers}{' --standby' if args.standby else ''} "
                       f"{too_many}: raise it, or start fewer workers", 2)  # fmt: skip
     preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+    if args.slurm:
+        return _run_slurm(args, command, preload)
     config = RunConfig(
         command=tuple(command),
         logdir=args.logdir,
@@ -332,6 +390,48 @@ def _run_main(args: argparse.Namespace) -> int:
         startup_timeout=max(args.startup_timeout, args.stuck_after),
         standby=args.standby,
         preload=preload,
+        restarts=args.restarts,
+        status_map=args.exit_status_map,
+    )
+    return run_command(config)
+
+
+# What the outer run of --slurm adds to its tasks' grace: srun's own forwarding and ending.
+SLURM_GRACE_MARGIN_SECS = 15.0
+
+
+def _run_slurm(args: argparse.Namespace, command: list[str], preload: tuple[str, ...]) -> int:
+    """``--slurm``: the outer run. Its child is the step (srun); liveness is each task's
+    own run's to watch (a beat does not cross hosts), progress is the history's."""
+    if not args.logdir:
+        return _error("run", "--slurm needs --logdir: the step's progress is read from the "
+                      "run's history", 2)  # fmt: skip
+    if args.workers != 1:
+        return _error("run", "--slurm starts one worker per task: --workers does not apply", 2)
+    member = [
+        "--grace", repr(args.grace), "--stop-signal", args.stop_signal.name,
+        "--stuck-after", repr(args.stuck_after),
+        "--startup-timeout", repr(max(args.startup_timeout, args.stuck_after)),
+        "--preload", ",".join(preload), "--logdir", args.logdir,
+        *([] if args.heartbeat else ["--no-heartbeat"]),
+        *(["--standby"] if args.standby else []),
+    ]  # fmt: skip
+    try:
+        step = srun_command(command, os.environ, member, sys.executable)
+    except SlurmError as exc:
+        return _error("run", f"--slurm: {exc}", 2)
+    config = RunConfig(
+        command=tuple(step),
+        logdir=args.logdir,
+        max_failures=args.max_failures,
+        backoff_secs=args.backoff,
+        max_backoff_secs=max(args.max_backoff, args.backoff),
+        grace_secs=args.grace + SLURM_GRACE_MARGIN_SECS,
+        stop_signal=signal.SIGTERM,  # srun forwards it to every task
+        stuck_after=None,
+        restarts=Restarts.HERE,
+        status_map=args.exit_status_map,
+        step_tasks=step_tasks(os.environ),
     )
     return run_command(config)
 

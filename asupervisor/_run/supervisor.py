@@ -43,10 +43,12 @@ import json
 import os
 import resource
 import signal
+import socket
 import sys
+import time
 import uuid
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, TextIO
 
 import anyio
@@ -54,13 +56,23 @@ import anyio.abc
 
 from .._logdir import channel as _channel
 from .._logdir import heartbeat as _heartbeat
+from .._logdir.store import Store
 from .._outcome import Outcome
 from . import ends as _ends
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget, restartable
+from .group import Restarts, StatusMap, membership
 from .process import Proc, adopt, spawn
 from .progress import recorded
+from .slurm import (
+    MemberEnd,
+    SlurmError,
+    group_status,
+    member_prefix,
+    step_of,
+    tf_config,
+)
 from .standbys import Standby, standby_plan
 from .statuses import describe_status, outcome_of, shell_status
 
@@ -116,6 +128,11 @@ class RunConfig:
     startup_timeout: float = 900.0
     standby: bool = False
     preload: tuple[str, ...] = DEFAULT_PRELOAD
+    restarts: Restarts = Restarts.AUTO  # who restarts a failed worker (group.membership)
+    status_map: StatusMap = field(default_factory=StatusMap)  # the status the engine sees
+    # --slurm's outer run: its child is a step of this many tasks, each an asupervisor run
+    # that records its end in the logdir (group_status decides the step's status from them).
+    step_tasks: int = 0
 
 
 class CannotStart(Exception):
@@ -174,6 +191,7 @@ class ProcessSupervisor:
         self._control: Control | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._standby: Standby | None = None
+        self._member = membership(config.restarts, os.environ, config.workers)
 
     # -- output --------------------------------------------------------------------
 
@@ -215,11 +233,70 @@ class ProcessSupervisor:
                 finally:
                     self.kill_everything()
                     await self._reaped()
+                await self._record_member_end(status)
                 tg.cancel_scope.cancel()
         finally:
             self.kill_everything()
-        self.say("run.ended", status=describe_status(status))
-        return status
+        shown = self.config.status_map(status)
+        if shown != status:
+            self.say("run.ended", status=describe_status(status), exit_status=shown)
+        else:
+            self.say("run.ended", status=describe_status(status))
+        return shown
+
+    async def _record_member_end(self, status: int) -> None:
+        """One task of an outer run's step: its end, as a fact in the logdir for the
+        outer run to read (the step's own status hides which task was the cause)."""
+        run, attempt = os.environ.get(_heartbeat.ENV_RUN), os.environ.get(_heartbeat.ENV_ATTEMPT)
+        logdir = self.config.logdir
+        if self._member.restarts is not Restarts.ENGINE or not (run and attempt and logdir):
+            return
+        last = self.history[-1] if self.history else None
+        procid = os.environ.get("SLURM_PROCID", "0")
+        end = MemberEnd(
+            rank=int(procid) if procid.isdigit() else 0,
+            host=socket.gethostname(),
+            status=status,
+            stopped=bool(last and last.stop_requested),
+            why=last.worst.how if last and last.ends else "it could not start its worker",
+            at=time.time(),
+        )
+        name = member_prefix(run, attempt) + str(end.rank)
+        with anyio.move_on_after(LOGDIR_READ_SECS), anyio.CancelScope(shield=True):
+            try:
+                await anyio.to_thread.run_sync(_write_member_end, logdir, name, end)
+            except Exception as exc:  # said, never a reason to fail the end
+                self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
+
+    async def _group_result(self, result: AttemptResult) -> AttemptResult:
+        """--slurm's outer run: the step's status decided from its tasks' recorded ends."""
+        tasks, logdir = self.config.step_tasks, self.config.logdir
+        if not tasks or not logdir or not result.ends:
+            return result
+        prefix = member_prefix(self.run_id, str(result.number))
+
+        def read() -> list[MemberEnd]:
+            store, ends = Store(logdir), []
+            for name in store.names():
+                if name.startswith(prefix) and ".tmp" not in name:
+                    with contextlib.suppress(Exception):
+                        ends.append(MemberEnd.from_json(store.read(name)))
+                    with contextlib.suppress(OSError):
+                        store.remove(name)
+            return ends
+
+        ends: list[MemberEnd] = []
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            ends = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+        step = result.ends[0]
+        status, cause = group_status(ends, tasks, step.status)
+        for end in sorted(ends, key=lambda e: e.rank):
+            self.say(
+                "step.worker_ended", attempt=result.number, worker=end.rank, host=end.host,
+                status=describe_status(end.status), stopped=end.stopped, how=end.why,
+            )  # fmt: skip
+        self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
+        return dataclasses.replace(result, ends=(dataclasses.replace(step, status=status),))
 
     async def _reaped(self) -> None:
         """Wait (bounded) until every killed process was reaped: a process left to the
@@ -259,12 +336,14 @@ class ProcessSupervisor:
         config, control = self.config, self._control
         assert control is not None and self._tg is not None
         self._standby = Standby(config.command, config.preload, config.standby, self.say)
+        member = self._member
         self.say(
             "run.started",
             command=" ".join(config.command),
             workers=config.workers,
             logdir=config.logdir,
             standby=self._standby.state,
+            restarts=f"{member.restarts} ({member.why})",
         )
         await self._standby.open(self._spawn)
         budget = RestartBudget(config.max_failures, config.backoff_secs, config.max_backoff_secs)
@@ -274,7 +353,8 @@ class ProcessSupervisor:
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
             result = await attempt.monitor()
             await self._record_ends(attempt.children, result.logdirs)
-            result = await self._with_history(result)
+            # A --slurm step's status is its tasks' recorded cause; its progress, the history.
+            result = await self._with_history(await self._group_result(result))
             self.history.append(result)
             self._said_exits(result)
             decision = budget.after(result)
@@ -282,6 +362,16 @@ class ProcessSupervisor:
                 if decision.crash_loop:
                     self._print(await self._crash_loop_report(budget.failures))
                 return decision.status
+            if member.restarts is Restarts.ENGINE:
+                # One worker of a job others started: restarted alone, it could not join
+                # its old group. The engine restarts the job as a whole.
+                self.say(
+                    "run.restart_left_to_engine",
+                    after=result.why,
+                    status=describe_status(result.status),
+                    why=member.why,
+                )
+                return result.status
             self.say(
                 "run.restarting",
                 attempt=number + 1,
@@ -332,6 +422,8 @@ class ProcessSupervisor:
         )
 
     def _said_exits(self, result: AttemptResult) -> None:
+        if self.config.step_tasks:
+            return  # the step's own lines said how each worker ended (_group_result)
         for end in result.ends:
             self.say(
                 "child.exited",
@@ -363,14 +455,41 @@ class ProcessSupervisor:
 
     # -- one attempt's start -------------------------------------------------------
 
+    def _identity(self, number: int) -> tuple[str, str]:
+        """The run and attempt a child's sessions record their commits with: this run's;
+        or, for one task of a job that an outer ``asupervisor run`` restarts (its
+        ``--slurm`` step), the outer run's, whose judgement of progress reads them."""
+        outer = os.environ.get(_heartbeat.ENV_RUN), os.environ.get(_heartbeat.ENV_ATTEMPT)
+        if self._member.restarts is Restarts.ENGINE and outer[0] and outer[1]:
+            return outer[0], outer[1]
+        return self.run_id, str(number)
+
+    async def _tf_configs(self, number: int) -> list[str] | None:
+        """Each worker's TF_CONFIG: on loopback ports for --workers N; from SLURM's
+        environment for one task of a SLURM step that has none; else as it is."""
+        config = self.config
+        if config.workers > 1:
+            return local_tf_configs(config.workers)
+        if self._member.restarts is not Restarts.ENGINE or "TF_CONFIG" in os.environ:
+            return None
+        try:  # scontrol, bounded: off the event loop
+            step = await anyio.to_thread.run_sync(step_of, dict(os.environ))
+            if step is None:
+                return None
+            attempt = int(self._identity(number)[1])
+            return [await anyio.to_thread.run_sync(tf_config, step, attempt)]
+        except SlurmError as exc:
+            raise CannotStart(f"cannot build TF_CONFIG from SLURM: {exc}") from None
+
     async def _start(self, number: int) -> list[Child]:
         config = self.config
-        configs = local_tf_configs(config.workers) if config.workers > 1 else None
+        configs = await self._tf_configs(number)
+        run, attempt = self._identity(number)
         children = []
         for rank in range(config.workers):
             env = dict(os.environ)
-            env[_heartbeat.ENV_ATTEMPT] = str(number)
-            env[_heartbeat.ENV_RUN] = self.run_id
+            env[_heartbeat.ENV_ATTEMPT] = attempt
+            env[_heartbeat.ENV_RUN] = run
             env.pop(_heartbeat.ENV_STUCK_AFTER, None)
             if config.stuck_after is not None:
                 env[_heartbeat.ENV_STUCK_AFTER] = repr(config.stuck_after)
@@ -442,6 +561,12 @@ class ProcessSupervisor:
             why=f"a stop may kill the child before its final checkpoint: give --grace at least "
             f"stop_grace_secs + {EXIT_SECS:g}",
         )
+
+
+def _write_member_end(logdir: str, name: str, end: MemberEnd) -> None:
+    store = Store(logdir)
+    store.make()  # a worker that failed before its session made the logdir
+    store.write(name, end.to_json())
 
 
 def run_command(config: RunConfig, out: TextIO | None = None) -> int:

@@ -1,0 +1,210 @@
+"""A member of a job across hosts never restarts its worker alone: ``asupervisor run``
+whose one child is one worker of a larger job (its TF_CONFIG names more tasks, or it is
+one task of a SLURM step of several) exits at once after a failure or a hang, with the
+child's status, for the engine to restart the job as a whole; the exit status can be
+mapped for an engine that retries only some (Kubeflow's TFJob)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from asupervisor._outcome import Outcome
+from asupervisor._run.group import Restarts, StatusMap, membership
+from asupervisor._run.slurm import MemberEnd, Step, expand_counts, group_status, tf_config
+from tests.slurm_cluster import Cluster
+from tests.test_run import ROOT, child
+
+TWO_WORKERS = json.dumps(
+    {
+        "cluster": {"worker": ["10.0.0.1:2222", "10.0.0.2:2222"]},
+        "task": {"type": "worker", "index": 1},
+    }
+)
+
+
+@pytest.mark.parametrize(
+    ("asked", "env", "workers", "restarts"),
+    [
+        (Restarts.AUTO, {}, 1, Restarts.HERE),
+        (Restarts.AUTO, {}, 2, Restarts.HERE),  # it starts every worker itself
+        (Restarts.AUTO, {"TF_CONFIG": TWO_WORKERS}, 1, Restarts.ENGINE),
+        (Restarts.AUTO, {"TF_CONFIG": json.dumps({"cluster": {"worker": ["a:1"]}})}, 1,
+         Restarts.HERE),
+        (Restarts.AUTO, {"TF_CONFIG": "not json"}, 1, Restarts.HERE),
+        (Restarts.AUTO, {"SLURM_STEP_NUM_TASKS": "2"}, 1, Restarts.ENGINE),
+        (Restarts.AUTO, {"SLURM_STEP_NUM_TASKS": "1"}, 1, Restarts.HERE),
+        (Restarts.AUTO, {"SLURM_NNODES": "2"}, 1, Restarts.HERE),  # a batch script: the outer
+        (Restarts.HERE, {"TF_CONFIG": TWO_WORKERS}, 1, Restarts.HERE),
+        (Restarts.ENGINE, {}, 1, Restarts.ENGINE),
+    ],
+)  # fmt: skip
+def test_who_restarts_a_failed_worker_is_decided_from_the_flag_then_the_environment(
+    asked: Restarts, env: dict[str, str], workers: int, restarts: Restarts
+) -> None:
+    decided = membership(asked, env, workers)
+    assert decided.restarts is restarts
+    assert decided.why
+
+
+def test_a_status_map_names_outcomes_or_the_tfjob_preset() -> None:
+    tfjob = StatusMap.parse("tfjob")
+    assert [tfjob(s) for s in (0, 1, 42, 78, 124, 130, 137)] == [0, 1, 143, 78, 138, 130, 137]
+    mapped = StatusMap.parse("tfjob, failed=137")
+    assert (mapped(1), mapped(42), str(mapped)) == (137, 143, "preempted=143,stuck=138,failed=137")
+    assert StatusMap.parse("")(42) == 42
+    assert StatusMap.parse("permanent=1").mapped == {Outcome.FAILED_PERMANENTLY: 1}
+
+
+@pytest.mark.parametrize("text", ["tfjobs", "preempted", "preempted=x", "late=3", "stuck=256"])
+def test_a_bad_status_map_is_an_error_naming_it(text: str) -> None:
+    with pytest.raises(ValueError, match=repr(text.split(",")[0])):
+        StatusMap.parse(text)
+
+
+def test_a_bad_status_map_on_the_command_line_names_the_option(tmp_path: Path) -> None:
+    run = supervisor("--exit-status-map", "preempted=x", "--", sys.executable, "-c", "pass")
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 2
+    assert "argument --exit-status-map: 'preempted=x': the status must be" in err
+
+
+def supervisor(*args: str, env_extra: dict[str, str] | None = None) -> subprocess.Popen[str]:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    for name in ("TF_CONFIG", "SLURM_STEP_NUM_TASKS"):
+        if name not in (env_extra or {}):
+            env.pop(name, None)
+    return subprocess.Popen(
+        [sys.executable, "-m", "asupervisor", "run", *args],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )  # fmt: skip
+
+
+FAILS = "import sys; print('started', flush=True); sys.exit(int(sys.argv[1]))"
+
+
+@pytest.mark.parametrize(("status", "mapping", "shown"), [(1, "", 1), (124, "tfjob", 138)])
+def test_a_member_of_a_job_across_hosts_exits_at_once_with_its_childs_status(
+    tmp_path: Path, status: int, mapping: str, shown: int
+) -> None:
+    script = child(tmp_path, FAILS)
+    args = ["--exit-status-map", mapping] if mapping else []
+    run = supervisor(
+        *args, "--no-heartbeat", "--", sys.executable, script, str(status),
+        env_extra={"TF_CONFIG": TWO_WORKERS},
+    )  # fmt: skip
+    out, err = run.communicate(timeout=60)
+    assert run.returncode == shown, err
+    assert out == "started\n"  # once: not restarted here
+    assert "restarts='engine (one task of 2 in its TF_CONFIG)'" in err
+    assert "run.restart_left_to_engine" in err and "run.restarting" not in err
+
+
+def test_a_member_still_passes_on_what_it_never_restarts(tmp_path: Path) -> None:
+    run = supervisor(
+        "--exit-status-map", "tfjob", "--no-heartbeat", "--", sys.executable,
+        child(tmp_path, FAILS), "42", env_extra={"TF_CONFIG": TWO_WORKERS},
+    )  # fmt: skip
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 143, err  # preempted, as TFJob retries it
+    assert "run.ended status='42 (preempted)' exit_status=143" in err
+    assert "run.restart_left_to_engine" not in err
+
+
+def test_with_restarts_here_the_same_member_restarts_its_worker(tmp_path: Path) -> None:
+    once = child(
+        tmp_path,
+        """
+        import os, sys
+        print("started", flush=True)
+        sys.exit(1 if os.environ["ASUPERVISOR_ATTEMPT"] == "1" else 0)
+        """,
+    )
+    run = supervisor(
+        "--restarts", "here", "--backoff", "0", "--no-heartbeat", "--", sys.executable, once,
+        env_extra={"TF_CONFIG": TWO_WORKERS},
+    )  # fmt: skip
+    out, err = run.communicate(timeout=60)
+    assert (run.returncode, out) == (0, "started\nstarted\n"), err
+
+
+def test_slurms_task_counts_and_placement_are_read_as_slurm_writes_them() -> None:
+    assert expand_counts("2(x3),1") == [2, 2, 2, 1]
+    assert expand_counts("1(x2)") == [1, 1]
+    step = Step("77", procid=2, nodes=("a", "b"), tasks_per_node=(2, 1), restart_count=0)
+    assert step.placement() == [("a", 0), ("a", 1), ("b", 0)]
+    config = json.loads(tf_config(step, attempt=3, addresses={"a": "10.0.0.1", "b": "b"}))
+    port = int(config["cluster"]["worker"][0].rsplit(":", 1)[1])
+    assert config == {
+        "cluster": {"worker": [f"10.0.0.1:{port}", f"10.0.0.1:{port + 1}", f"b:{port}"]},
+        "task": {"type": "worker", "index": 2},
+    }
+    # Every task derives the same ports; the next attempt and a requeue use others.
+    again = json.loads(tf_config(step, attempt=4, addresses={"a": "x", "b": "y"}))
+    assert again["cluster"]["worker"][0] != f"x:{port}"
+
+
+def end(rank: int, status: int, stopped: bool, at: float) -> MemberEnd:
+    return MemberEnd(rank, f"n{rank + 1}", status, stopped, "how", at)
+
+
+@pytest.mark.parametrize(
+    ("ends", "status", "cause"),
+    [
+        # srun says 42 (the highest): the task that failed on its own is the cause
+        ([end(0, 42, True, 2.0), end(1, 1, False, 1.0)], 1, "worker 1 on n2"),
+        ([end(0, 124, False, 2.0), end(1, 1, False, 1.0)], 124, "worker 0 on n1"),
+        ([end(0, 1, False, 2.0), end(1, 1, False, 1.0)], 1, "worker 1 on n2"),  # the first
+        ([end(0, 42, True, 1.0)], 1, "worker 1 left no end"),  # its node was lost
+        ([end(0, 42, True, 1.0), end(1, 42, True, 1.5)], 42, "every worker was stopped"),
+        ([end(0, 0, False, 1.0), end(1, 0, False, 1.5)], 0, "worker 0 on n1"),
+        ([], 137, "no worker recorded its end"),
+    ],
+)
+def test_a_steps_status_is_its_causes_not_sruns(
+    ends: list[MemberEnd], status: int, cause: str
+) -> None:
+    decided, why = group_status(ends, tasks=2, step_status=137)
+    assert decided == status
+    assert cause in why
+
+
+# -- on a real SLURM cluster ----------------------------------------------------------------
+
+
+def test_in_a_slurm_step_the_failed_task_ends_the_step_and_no_task_restarts_alone(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    # Task 1 (on n2) fails; task 0 (on n1) would sleep for ten minutes. With srun -K1 the
+    # step ends when the one fails: nobody restarted a worker alone.
+    script = child(
+        tmp_path,
+        """
+        import os, socket, sys, time
+        rank = os.environ["SLURM_PROCID"]
+        print(f"{rank} {socket.gethostname()} attempt {os.environ['ASUPERVISOR_ATTEMPT']}",
+              flush=True)
+        if rank == "1":
+            sys.exit(1)
+        time.sleep(600)
+        """,
+    )
+    done = subprocess.run(
+        ["srun", "-N2", "-n2", "-K1", "--kill-on-bad-exit=1",
+         sys.executable, "-m", "asupervisor", "run", "--no-heartbeat", "--grace", "5",
+         "--", sys.executable, script],
+        env={**slurm.env, "PYTHONPATH": str(Path(__file__).parents[1])},
+        capture_output=True, text=True, timeout=300, check=False,
+    )  # fmt: skip
+    assert done.returncode != 0, done.stdout + done.stderr
+    lines = sorted(done.stdout.splitlines())
+    assert lines == ["0 n1 attempt 1", "1 n2 attempt 1"], done.stdout + done.stderr
+    # The task that failed left the restart to SLURM (the other one was ended with the step).
+    assert "run.restart_left_to_engine after='worker 0: 1 (failed)'" in done.stderr
+    assert "restarts='engine (one task of a SLURM step of 2 tasks)'" in done.stderr
+    assert "run.restarting" not in done.stderr  # and the sleeping task ended with the step

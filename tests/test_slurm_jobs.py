@@ -1,0 +1,149 @@
+"""``asupervisor run --slurm`` on a real two-node SLURM cluster (tests/slurm_cluster.py):
+the job runs as one step of a task per node, each task's worker with its TF_CONFIG from
+SLURM's environment; a failed step is started again inside the allocation, every worker
+together, with the outer run's identity; a notice to the batch script ends the step with
+the workers' own status, 42, and SLURM requeues the job, which runs again. Tiny workers
+(no TensorFlow) speak what a real one would: their exit statuses."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+from tests.slurm_cluster import Cluster
+
+ROOT = Path(__file__).parents[1]
+
+# Each worker writes one line per start: its rank, node, attempt, run id, TF_CONFIG and
+# SLURM's restart count; what it does next is the test's.
+WORKER = """
+    import json, os, signal, socket, sys, time
+    out = sys.argv[1]
+    rank = int(os.environ["SLURM_PROCID"])
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0"))
+    attempt = int(os.environ["ASUPERVISOR_ATTEMPT"])
+    line = json.dumps({
+        "rank": rank, "node": socket.gethostname(), "attempt": attempt,
+        "run": os.environ["ASUPERVISOR_RUN"], "tf_config": json.loads(os.environ["TF_CONFIG"]),
+        "job": os.environ["SLURM_JOB_ID"], "restart": restart,
+    })
+    with open(os.path.join(out, f"start-{restart}-{attempt}-{rank}"), "w") as f:
+        f.write(line)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))  # a final save, then preempted
+    signal.signal(signal.SIGUSR1, lambda *_: sys.exit(42))
+"""
+
+
+def submit(slurm: Cluster, tmp_path: Path, worker: str, *run_args: str) -> str:
+    out = tmp_path / "out"
+    out.mkdir()
+    script = tmp_path / "worker.py"
+    script.write_text(textwrap.dedent(WORKER) + textwrap.dedent(worker))
+    batch = tmp_path / "job.sh"
+    # exec: the batch shell becomes the outer run, which hears the batch's signals.
+    batch.write_text(
+        "#!/bin/sh\n"
+        f"exec {sys.executable} -m asupervisor run --slurm --logdir {tmp_path / 'run'} "
+        f"{' '.join(run_args)} -- {sys.executable} {script} {out}\n"
+    )
+    env = {**slurm.env, "PYTHONPATH": str(ROOT)}
+    for name in ("ASUPERVISOR_RUN", "ASUPERVISOR_ATTEMPT", "ASUPERVISOR_CHANNEL", "TF_CONFIG"):
+        env.pop(name, None)
+    done = subprocess.run(
+        ["sbatch", "--parsable", "-N2", "--requeue", "-o", str(tmp_path / "job.log"), str(batch)],
+        env=env, capture_output=True, text=True, timeout=60, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout.strip().split(";")[0]
+
+
+def job_state(slurm: Cluster, job: str) -> dict[str, str]:
+    shown = subprocess.run(
+        ["scontrol", "show", "job", job, "-o"],
+        env=dict(slurm.env), capture_output=True, text=True, timeout=30, check=False,
+    ).stdout  # fmt: skip
+    return dict(w.split("=", 1) for w in shown.split() if "=" in w)
+
+
+def wait_for_end(slurm: Cluster, job: str, log: Path) -> dict[str, str]:
+    """Bounded by what happens: the controller's state of the job, until it is over."""
+    for _ in range(1500):
+        state = job_state(slurm, job)
+        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+            return state
+        time.sleep(0.2)
+    raise AssertionError(f"job {job} did not end: {state}\n{log.read_text()}")
+
+
+def starts(out: Path) -> list[dict[str, object]]:
+    return [json.loads(p.read_text()) for p in sorted(out.glob("start-*"))]
+
+
+def test_a_failed_step_is_started_again_in_the_allocation_every_worker_together(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    job = submit(
+        slurm, tmp_path,
+        """
+        if attempt == 1 and rank == 1:
+            while not os.path.exists(os.path.join(out, "start-0-1-0")):
+                time.sleep(0.05)  # the worker on n1 runs: the crash ends a running group
+            sys.exit(1)  # a crash on n2: the step ends, no worker restarts alone
+        if attempt == 1:
+            time.sleep(600)
+        """,
+        "--backoff", "0", "--grace", "10",
+    )  # fmt: skip
+    log = tmp_path / "job.log"
+    state = wait_for_end(slurm, job, log)
+    assert state["JobState"] == "COMPLETED", log.read_text()
+    assert state["Restarts"] == "0"  # inside the allocation: never requeued
+    seen = starts(tmp_path / "out")
+    assert [(s["attempt"], s["rank"], s["node"]) for s in seen] == [
+        (1, 0, "n1"), (1, 1, "n2"), (2, 0, "n1"), (2, 1, "n2"),
+    ]  # fmt: skip
+    assert len({s["run"] for s in seen}) == 1  # the outer run's identity, in every task
+    for s in seen:
+        config = s["tf_config"]
+        assert isinstance(config, dict)
+        hosts = [w.rsplit(":", 1)[0] for w in config["cluster"]["worker"]]
+        assert hosts == ["127.0.0.1", "127.0.0.2"]  # SLURM's NodeAddr: n1, n2 do not resolve
+        assert config["task"] == {"type": "worker", "index": s["rank"]}
+    text = log.read_text()
+    assert text.count("run.restart_left_to_engine") == 1, text  # the task on n2, once
+    assert "run.restarting attempt=2" in text and "run.ended status='0 (done)'" in text
+
+
+def test_a_notice_to_the_batch_ends_the_step_as_preempted_and_slurm_requeues_the_job(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    job = submit(
+        slurm, tmp_path,
+        """
+        if restart == 0:
+            time.sleep(600)  # until the notice
+        """,
+        "--grace", "10",
+    )  # fmt: skip
+    out = tmp_path / "out"
+    for _ in range(1500):  # both workers started: the notice reaches a running step
+        if len(list(out.glob("start-0-*"))) == 2:
+            break
+        time.sleep(0.2)
+    signal = subprocess.run(
+        ["scancel", "--batch", "--signal=USR1", job],
+        env=dict(slurm.env), capture_output=True, text=True, timeout=30, check=False,
+    )  # fmt: skip
+    assert signal.returncode == 0, signal.stderr
+    log = tmp_path / "job.log"
+    state = wait_for_end(slurm, job, log)
+    assert state["JobState"] == "COMPLETED", log.read_text()
+    assert state["Restarts"] == "1"  # requeued once, by SLURM (RequeueExit=42)
+    seen = starts(out)
+    assert [(s["restart"], s["rank"]) for s in seen] == [(0, 0), (0, 1), (1, 0), (1, 1)]
+    assert os.path.getsize(log) > 0
