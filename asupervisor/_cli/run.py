@@ -311,8 +311,8 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         metavar="MAP",
         help="the run's exit status as an engine that retries only some is told it: "
         "NAME=STATUS,... with NAME one of done, preempted, failed, permanent, stuck, "
-        "interrupted, unreachable, or 'tfjob' (Kubeflow's TFJob retries only 130, 137, 138 and 143: "
-        "preempted=143,stuck=138)",
+        "interrupted, unreachable, or 'tfjob' (Kubeflow's TFJob retries only 130, 137, 138 "
+        "and 143: preempted=143,stuck=138)",
     )
     run.add_argument(
         "argv",
