@@ -77,8 +77,8 @@ docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
 lint: $(STAMP)
-	$(VENV)/bin/ruff check asupervisor tests examples benchmarks docs/_hooks
-	$(VENV)/bin/ruff format --check asupervisor tests examples benchmarks docs/_hooks
+	$(VENV)/bin/ruff check asupervisor services tests examples benchmarks docs/_hooks
+	$(VENV)/bin/ruff format --check asupervisor services tests examples benchmarks docs/_hooks
 	$(VENV)/bin/mypy
 
 clean:

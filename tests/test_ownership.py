@@ -24,7 +24,9 @@ from asupervisor._kinds import JobKind, Phase
 from asupervisor._outcome import Outcome, StopReason
 
 ROOT = Path(__file__).parents[1]
-SOURCES = sorted(ROOT.glob("asupervisor/**/*.py"))
+# services/ sits at the top level (installed as asupervisor.services, reached in a checkout
+# through the asupervisor/services link, which glob does not follow).
+SOURCES = sorted([*ROOT.glob("asupervisor/**/*.py"), *ROOT.glob("services/**/*.py")])
 
 
 def where(path: Path) -> str:
@@ -305,3 +307,38 @@ def test_a_wrong_phase_transition_is_an_error_naming_both(path: list[Phase], wro
         stop.move(phase)
     with pytest.raises(RuntimeError, match=f"from {stop.phase.value} to {wrong.value}"):
         stop.move(wrong)
+
+
+def imported_modules(tree: ast.AST) -> Iterator[tuple[int, str]]:
+    """``(line, module)`` of every absolute import (relative imports stay in the package)."""
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            yield from ((node.lineno, alias.name) for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            yield node.lineno, node.module
+
+
+@pytest.mark.parametrize("path", sorted(ROOT.glob("services/*.py")), ids=lambda p: p.name)
+def test_the_standard_services_use_only_the_public_api(path: Path) -> None:
+    """services/ is what a user's own service can be: it imports ``asupervisor`` (the
+    public API), its own package and other libraries, never a private module of ours."""
+    found = [
+        (line, module)
+        for line, module in imported_modules(ast.parse(path.read_text()))
+        if module.split(".")[0] == "asupervisor" and module != "asupervisor"
+    ]
+    assert found == [], f"{where(path)} imports private modules of asupervisor: {found}"
+
+
+def test_the_services_checker_finds_a_private_import() -> None:
+    tree = ast.parse("import os\nfrom asupervisor import logger\nfrom asupervisor._log import x\n")
+    assert [m for _, m in imported_modules(tree) if m.startswith("asupervisor.")] == [
+        "asupervisor._log"
+    ]
+
+
+def test_the_services_sit_at_the_top_level_and_are_the_packages_services() -> None:
+    import asupervisor.services
+
+    assert (ROOT / "services" / "__init__.py").is_file()
+    assert Path(asupervisor.services.__file__).resolve().parent == (ROOT / "services").resolve()
