@@ -488,10 +488,10 @@ async def test_a_whole_uncommitted_checkpoint_is_not_removed_after_a_transient_r
         )
     real = restorer.checkpoint_problem
 
-    def flaky(store: Any, prefix: str) -> str | None:
+    def flaky(store: Any, prefix: str, names: Any = None) -> str | None:
         if prefix.endswith("model.ckpt-6"):
             return "OSError: [Errno 5] Input/output error"
-        return real(store, prefix)
+        return real(store, prefix, names)
 
     monkeypatch.setattr(restorer, "checkpoint_problem", flaky)
     report, _ = await restored_step(logdir)

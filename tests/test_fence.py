@@ -119,11 +119,11 @@ async def test_a_restore_given_up_on_writes_nothing_into_the_logdir_after_the_se
     reading, release, finished = threading.Event(), threading.Event(), threading.Event()
     real_problem, real_newest = restorer.checkpoint_problem, restorer.Restorer.restore_newest
 
-    def slow(store: Any, prefix: str) -> str | None:
+    def slow(store: Any, prefix: str, names: Any = None) -> str | None:
         if prefix.endswith("model.ckpt-2"):
             reading.set()
             release.wait(60)
-        return real_problem(store, prefix)
+        return real_problem(store, prefix, names)
 
     def newest(self: Any) -> Any:
         try:

@@ -187,7 +187,7 @@ def test_every_event_the_library_emits_is_in_the_documented_table() -> None:
 
     root = Path(__file__).parents[1]
     emitted = set()
-    for path in root.glob("asupervisor/**/*.py"):
+    for path in [*root.glob("asupervisor/**/*.py"), *root.glob("services/*.py")]:
         emitted |= set(
             re.findall(
                 r'(?:log|logger)\.(?:debug|info|warning|error|exception)\(\s*"([a-z_]+\.[a-z_]+)"',

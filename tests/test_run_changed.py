@@ -58,5 +58,6 @@ async def test_inspect_shows_where_the_run_was_changed(
     capsys.readouterr()
     assert main(["inspect", logdir]) == 0
     out = capsys.readouterr().out
-    (line,) = [line for line in out.splitlines() if "changed at" in line]
-    assert "(step 1): optimizer opt.learning_rate: restored 0.01, the command gives 0.5" in line
+    assert out.count("changed at") == 1
+    text = " ".join(out[out.index("changed at") :].split())  # one change, wrapped to 100
+    assert "(step 1): optimizer opt.learning_rate: restored 0.01, the command gives 0.5" in text

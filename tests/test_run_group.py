@@ -190,14 +190,17 @@ def test_in_a_slurm_step_the_failed_task_ends_the_step_and_no_task_restarts_alon
         print(f"{rank} {socket.gethostname()} attempt {os.environ['ASUPERVISOR_ATTEMPT']}",
               flush=True)
         if rank == "1":
+            while not os.path.exists(sys.argv[1]):
+                time.sleep(0.05)  # task 0's worker runs: the crash ends a running group
             sys.exit(1)
+        open(sys.argv[1], "w").close()
         time.sleep(600)
         """,
     )
     done = subprocess.run(
         ["srun", "-N2", "-n2", "-K1", "--kill-on-bad-exit=1",
          sys.executable, "-m", "asupervisor", "run", "--no-heartbeat", "--grace", "5",
-         "--", sys.executable, script],
+         "--", sys.executable, script, str(tmp_path / "rank0-runs")],
         env={**slurm.env, "PYTHONPATH": str(Path(__file__).parents[1])},
         capture_output=True, text=True, timeout=300, check=False,
     )  # fmt: skip

@@ -67,7 +67,10 @@ def run_story(
     so_far = _costs.goodput(before) if before else None
     if so_far is not None and so_far.wall_secs > 0:
         values["run/goodput"] = so_far.fraction
-    lost = _lost(restarts[-1], before[-1], restored, drawn_to) if restarts else None
+    # This session's start is a restart only if it adds one (a person's new start after a
+    # clean end begins a run segment: nothing of the session before was lost).
+    is_restart = len(restarts) > (len(so_far.restarts) if so_far is not None else 0)
+    lost = _lost(restarts[-1], before[-1], restored, drawn_to) if is_restart else None
     if lost is not None:
         values["run/steps_lost"] = float(lost[0])
     values["run/history"] = _table(before, restarts, restored, lost, so_far)
