@@ -553,3 +553,55 @@ def test_a_commit_records_the_session_run_and_attempt_that_made_it(
     (commit,) = read_history(store).commits
     assert (commit.session, commit.run, commit.attempt) == ("abc", "run-7", 3)
     assert commit.metrics == {"loss": 0.5} and commit.healthy is True
+
+
+def test_a_commit_does_as_much_work_after_hundreds_of_commits_as_after_ten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's cost may not grow with the commits before it: the entries it encodes into
+    JSON, the directory listings and the files it reads are the same at the 70th commit as
+    at the 10th, while the history remembers up to ``KEEP_GONE`` swept commits (made 20
+    here so that the history is full well before the end)."""
+    from asupervisor._logdir import catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "KEEP_GONE", 20)
+    work = {"encoded": 0, "listed": 0, "read": 0}
+    dumps, names, read = json.dumps, Store.names, Store.read
+
+    def entries(obj: Any) -> int:
+        """The commits and rollbacks in what is encoded (each has ``seq`` or ``number``)."""
+        if isinstance(obj, dict):
+            own = 1 if "seq" in obj or "number" in obj else 0
+            return own + sum(entries(v) for v in obj.values())
+        if isinstance(obj, list):
+            return sum(entries(v) for v in obj)
+        return 0
+
+    def counted_dumps(obj: Any, *args: Any, **kwargs: Any) -> str:
+        work["encoded"] += entries(obj)
+        return dumps(obj, *args, **kwargs)
+
+    def counted_names(self: Store) -> Any:
+        work["listed"] += 1
+        return names(self)
+
+    def counted_read(self: Store, *args: Any, **kwargs: Any) -> bytes:
+        work["read"] += 1
+        return read(self, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counted_dumps)
+    monkeypatch.setattr(Store, "names", counted_names)
+    monkeypatch.setattr(Store, "read", counted_read)
+    per_commit = []
+    store, catalog = committed_logdir(tmp_path, [], max_to_keep=3)
+    rules = Retention(store, 3, None, None, None)
+    for step in range(80):
+        before = dict(work)
+        name = catalog.next_name(step)
+        touch(store, name)
+        catalog.commit(name, Record(step, time.time(), {"loss": 0.5}, True))
+        rules.sweep(catalog)
+        per_commit.append({k: work[k] - before[k] for k in work})
+    assert len(catalog.history.commits) == 3 + 20  # the history is full
+    assert per_commit[10] == per_commit[70], per_commit
+    assert per_commit[10]["encoded"] <= 2  # the new commit, and the one a sweep let go

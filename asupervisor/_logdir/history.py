@@ -39,7 +39,8 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Literal
 
 from . import statefile
@@ -51,6 +52,7 @@ from .store import Store
 HISTORY = ".asupervisor.history"
 VERSION = 1
 READ_LIMIT = 32 << 20
+SEP = (",", ":")  # the history file's JSON: compact
 DEFAULT_BASENAME = "model.ckpt"
 
 Kept = Literal["listed", "preserved", "gone"]
@@ -78,10 +80,13 @@ class NameFormat:
     def build(self, step: int, taken: Iterable[str]) -> str:
         """A new name at ``step``: ``<basename>-<step>``, or the next ``_<n>`` after every
         name of that step in ``taken`` (on disk, or remembered by the history)."""
-        revisions = [
-            order[1] for n in taken if (order := self.order(n)) is not None and order[0] == step
-        ]
         name = f"{self.basename}-{step}"
+        # Only names that begin with this step's are parsed: a history remembers hundreds.
+        revisions = [
+            order[1]
+            for n in taken
+            if n.startswith(name) and (order := self.order(n)) is not None and order[0] == step
+        ]
         return name if not revisions else f"{name}_{max(revisions) + 1}"
 
 
@@ -125,6 +130,13 @@ class Commit:
         """Listed or preserved: its commit stands (its files may still be damaged)."""
         return self.kept != "gone"
 
+    @cached_property
+    def json_text(self) -> str:
+        """Its entry in the history file, encoded once: a commit never changes (a change
+        makes a new one), so a history written at every commit encodes only the new
+        entries, not the hundreds it remembers."""
+        return _encode(self)
+
 
 @dataclass(frozen=True)
 class RollbackRecord:
@@ -140,6 +152,17 @@ class RollbackRecord:
     session: str | None = None
     run: str | None = None
     attempt: int | None = None
+
+    @cached_property
+    def json_text(self) -> str:
+        """Its entry in the history file, encoded once (as a commit's)."""
+        return _encode(self)
+
+
+def _encode(record: Commit | RollbackRecord) -> str:
+    """One entry of the history file: its fields in order, as ``json.dumps`` of the
+    dataclass's dict writes them (no deep copy: the values are plain)."""
+    return json.dumps({f.name: getattr(record, f.name) for f in fields(record)}, separators=SEP)
 
 
 @dataclass(frozen=True)
@@ -220,16 +243,20 @@ class History:
 
     # -- writing it down ---------------------------------------------------------------
 
-    def as_json(self) -> dict[str, Any]:
-        return {
+    def json_text(self) -> str:
+        """The history file's text: the header, then each entry's own encoding (made once
+        per entry), so writing it costs a join, not an encoding of every entry."""
+        header = {
             "version": VERSION,
             "basename": self.basename,
             "head": self.head,
             "next_seq": self.next_seq,
             "last_preserved": self.last_preserved,
-            "commits": [asdict(c) for c in self.commits],
-            "rollbacks": [asdict(r) for r in self.rollbacks],
         }
+        commits = ",".join(c.json_text for c in self.commits)
+        rollbacks = ",".join(r.json_text for r in self.rollbacks)
+        head = json.dumps(header, separators=SEP)[:-1]
+        return f'{head},"commits":[{commits}],"rollbacks":[{rollbacks}]}}'
 
     def state_file(self) -> StateFile | None:
         """The state file that follows this history: the listed commits, oldest first
@@ -444,4 +471,4 @@ def head_step(logdir: str) -> int | None:
 
 
 def write_history(store: Store, history: History) -> None:
-    store.write(HISTORY, json.dumps(history.as_json(), separators=(",", ":")).encode())
+    store.write(HISTORY, history.json_text().encode())
