@@ -195,9 +195,10 @@ class HistoryMachine(RuleBasedStateMachine):
         assert name not in {c.name for c in model.commits}  # names are never reused
         self.clock += 1000.0
         touch(self.store, name)
-        commit = catalog.commit(name, Record(step, self.clock, {}, healthy))
         assert self.retention is not None
-        self.retention.sweep(catalog)
+        self.retention.commit(catalog, name, Record(step, self.clock, {}, healthy))  # a save's
+        commit = catalog.history.by_name(name)
+        assert commit is not None
         ref = Ref(commit.seq, name, step, self.clock, healthy)
         model.commits.append(ref)
         model.head = ref
@@ -565,8 +566,8 @@ def test_a_commit_does_as_much_work_after_hundreds_of_commits_as_after_ten(
     from asupervisor._logdir import catalog as catalog_module
 
     monkeypatch.setattr(catalog_module, "KEEP_GONE", 20)
-    work = {"encoded": 0, "listed": 0, "read": 0}
-    dumps, names, read = json.dumps, Store.names, Store.read
+    work = {"encoded": 0, "listed": 0, "read": 0, "written": 0}
+    dumps, names, read, write = json.dumps, Store.names, Store.read, Store.write
 
     def entries(obj: Any) -> int:
         """The commits and rollbacks in what is encoded (each has ``seq`` or ``number``)."""
@@ -589,7 +590,12 @@ def test_a_commit_does_as_much_work_after_hundreds_of_commits_as_after_ten(
         work["read"] += 1
         return read(self, *args, **kwargs)
 
+    def counted_write(self: Store, *args: Any, **kwargs: Any) -> None:
+        work["written"] += 1
+        write(self, *args, **kwargs)
+
     monkeypatch.setattr(json, "dumps", counted_dumps)
+    monkeypatch.setattr(Store, "write", counted_write)
     monkeypatch.setattr(Store, "names", counted_names)
     monkeypatch.setattr(Store, "read", counted_read)
     per_commit = []
@@ -599,9 +605,10 @@ def test_a_commit_does_as_much_work_after_hundreds_of_commits_as_after_ten(
         before = dict(work)
         name = catalog.next_name(step)
         touch(store, name)
-        catalog.commit(name, Record(step, time.time(), {"loss": 0.5}, True))
-        rules.sweep(catalog)
+        rules.commit(catalog, name, Record(step, time.time(), {"loss": 0.5}, True))  # a save's
         per_commit.append({k: work[k] - before[k] for k in work})
     assert len(catalog.history.commits) == 3 + 20  # the history is full
     assert per_commit[10] == per_commit[70], per_commit
-    assert per_commit[10]["encoded"] <= 2  # the new commit, and the one a sweep let go
+    # The new commit and the one the sweep let go, in one write of the history and one of
+    # the state file.
+    assert (per_commit[10]["encoded"], per_commit[10]["written"]) == (2, 2)

@@ -123,11 +123,11 @@ class Writer:
         return path
 
     def _commit(self, name: str, record: Record) -> None:
-        """Files on disk first (fsynced), then the history names them, then the sweep."""
+        """Files on disk first (fsynced), then the history names them and lets go what the
+        sweep lets go (one write), then the files let go are deleted."""
         if self.durable:
             self.store.sync(self.store.files_of(name))
-        self.catalog.commit(name, record)
-        self.retention.sweep(self.catalog)
+        self.retention.commit(self.catalog, name, record)
 
     def _discard(self, name: str | None) -> None:
         """A save that failed before its commit leaves no files a later restore could
