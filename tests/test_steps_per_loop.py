@@ -160,3 +160,20 @@ async def test_steps_per_loop_is_checked_and_needs_a_dataset(pair: Any) -> None:
             await sess.train(pair.step, [(), ()], steps_per_loop=0)
         with pytest.raises(ValueError, match=r"steps_per_loop > 1.*tf\.data\.Dataset"):
             await sess.train(pair.step, [(), ()], steps_per_loop=2)
+
+
+async def test_a_second_train_call_with_the_same_step_does_not_trace_its_loop_again(
+    logdir: str,
+) -> None:
+    line = Line()
+    traced: list[int] = []
+
+    def step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:  # traced into the loop
+        traced.append(1)  # Python runs only when TensorFlow traces
+        return line.step(x, y)
+
+    async with supervisor(logdir, line).session() as sess:
+        await sess.train(step, line_data(20), steps_per_loop=5)
+        after_first = len(traced)
+        await sess.train(step, line_data(20), steps_per_loop=5)
+    assert sess.global_step == 40 and len(traced) == after_first

@@ -250,6 +250,8 @@ class Stepper:
         self._fused: collections.OrderedDict[Any, tuple[Callable[..., Any], bool]] = (
             collections.OrderedDict()
         )
+        # Each step function's loop of many steps per call (steps_per_loop), bounded too.
+        self._step_loops: collections.OrderedDict[Any, StepLoop] = collections.OrderedDict()
         self._still_since: tuple[int, int] | None = None  # (steps run, step value) at last look
         self._warned_still = False
 
@@ -458,10 +460,8 @@ class Stepper:
         With ``steps_per_loop`` K > 1, up to K steps run in one call (``_loop_steps``):
         the boundaries are the calls'."""
         if steps_per_loop > 1:
-            from .loop import StepLoop
-
             run: StepsRunner = functools.partial(
-                self._loop_steps, StepLoop(step_fn, self.step), steps_per_loop
+                self._loop_steps, self._step_loop(step_fn), steps_per_loop
             )
         else:
             run = functools.partial(self._steps, step_fn)
@@ -537,6 +537,22 @@ class Stepper:
         return done, False
 
     # -- many steps in one call ------------------------------------------------------
+
+    def _step_loop(self, step_fn: Callable[..., Any]) -> StepLoop:
+        """The loop of ``step_fn``, kept (bounded) so that each ``train`` call with it
+        does not trace it again."""
+        from .loop import StepLoop
+
+        try:
+            loop = self._step_loops.get(step_fn)
+        except TypeError:  # unhashable callable: never cached
+            return StepLoop(step_fn, self.step)
+        if loop is None:
+            loop = self._step_loops[step_fn] = StepLoop(step_fn, self.step)
+            if len(self._step_loops) > FUSED_CACHE_SIZE:
+                self._step_loops.popitem(last=False)
+        self._step_loops.move_to_end(step_fn)
+        return loop
 
     def _loop_steps(
         self, loop: StepLoop, per_call: int, iterator: Any, max_steps: int | None
