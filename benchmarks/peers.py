@@ -40,6 +40,7 @@ MODELS = {
 }
 TIMES = "\u00d7"
 WARMUP = 200  # steps before the clock starts: tracing, first saves' set-up
+K = 100  # steps per call of the many-steps-per-call rows
 
 # system: (label, its own bare loop)
 SYSTEMS = {
@@ -52,8 +53,11 @@ SYSTEMS = {
         "bare",
     ),
     "asv_run": ("asupervisor `sess.run`", "bare"),
+    "bare_k": (f"bare TF2 loop, {K} steps per `tf.function` call", "bare_k"),
+    "asv_train_k": (f"asupervisor `sess.train`, `steps_per_loop={K}`", "bare_k"),
     "keras_fit": ("bare Keras `fit`", "keras_fit"),
     "asv_fit": ("asupervisor `sess.fit`", "keras_fit"),
+    "keras_fit_k": (f"Keras `fit`, `steps_per_execution={K}`", "bare_k"),
     "keras_backup_tb": ("Keras `fit` + `BackupAndRestore` + `TensorBoard`", "keras_fit"),
     "keras_ckpt_tb_backup": (
         "Keras `fit` + `ModelCheckpoint` + `TensorBoard` + `BackupAndRestore`",
@@ -77,7 +81,7 @@ def data(tf: Any, model: str) -> Any:
     return tf.data.Dataset.from_tensor_slices((x, y)).batch(batch).repeat().prefetch(4)
 
 
-def keras_model(model: str) -> Any:
+def keras_model(model: str, steps_per_execution: int = 1) -> Any:
     import keras
 
     inputs, hidden, outputs, _, _ = MODELS[model]
@@ -86,6 +90,7 @@ def keras_model(model: str) -> Any:
     net.compile(
         optimizer=keras.optimizers.Adam(1e-3),
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
+        steps_per_execution=steps_per_execution,
     )
     return net
 
@@ -180,19 +185,22 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
                 for _ in range(steps):
                     await sess.run(step, *next(it))
             else:
-                await sess.train(step, dataset.take(WARMUP))
+                per_loop = K if how == "train_k" else 1
+                await sess.train(step, dataset.take(WARMUP), steps_per_loop=per_loop)
                 started = time.perf_counter()
-                await sess.train(step, dataset.take(steps))
+                await sess.train(step, dataset.take(steps), steps_per_loop=per_loop)
             result.append(steps / (time.perf_counter() - started))
 
     anyio.run(main)
     return result[0]
 
 
-def keras_fit(tf: Any, model: str, steps: int, logdir: str, callbacks: str) -> float:
+def keras_fit(
+    tf: Any, model: str, steps: int, logdir: str, callbacks: str, per_call: int = 1
+) -> float:
     import keras
 
-    net = keras_model(model)
+    net = keras_model(model, per_call)
     dataset = data(tf, model)
     started = time.perf_counter()
     net.fit(dataset, steps_per_epoch=WARMUP, epochs=1, verbose=0)
@@ -259,6 +267,9 @@ def child(system: str, model: str) -> None:
             "asv_train": lambda n: supervised(tf, model, n, logdir, "train"),
             "asv_train_iterations": lambda n: supervised(tf, model, n, logdir, "train_iterations"),
             "asv_run": lambda n: supervised(tf, model, n, logdir, "run"),
+            "bare_k": lambda n: bare_k(tf, model, n),
+            "asv_train_k": lambda n: supervised(tf, model, n, logdir, "train_k"),
+            "keras_fit_k": lambda n: keras_fit(tf, model, n, logdir, "", K),
             "asv_fit": lambda n: supervised(tf, model, n, logdir, "fit"),
             "keras_fit": lambda n: keras_fit(tf, model, n, logdir, ""),
             "keras_backup_tb": lambda n: keras_fit(tf, model, n, logdir, "backup"),
@@ -279,6 +290,24 @@ def bare(tf: Any, model: str, steps: int) -> float:
     step = tf2_step(tf, net)
     it = iter(data(tf, model))
     return timed(lambda n: [step(*next(it)) for _ in range(n)], steps)
+
+
+def bare_k(tf: Any, model: str, steps: int) -> float:
+    """The bare loop with ``K`` steps inside each ``tf.function`` call."""
+    net = keras_model(model)
+    step = tf2_step(tf, net)
+    it = iter(data(tf, model))
+
+    @tf.function
+    def loop(iterator: Any, n: Any) -> None:
+        for _ in tf.range(n):
+            step(*next(iterator))
+
+    def run(n: int) -> None:
+        for start in range(0, n, K):
+            loop(it, tf.constant(min(K, n - start)))
+
+    return timed(run, steps)
 
 
 # -- the parent: interleaved rounds, medians, the table ------------------------------

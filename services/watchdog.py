@@ -98,7 +98,8 @@ class WatchdogService:
                 continue
             name, since = running
             elapsed = time.monotonic() - since
-            if elapsed > self.timeout_secs:
+            # A call of K steps (train's steps_per_loop) has K steps' time.
+            if elapsed > self.timeout_secs * sess.steps_in_call():
                 logger.error(
                     "step.timeout",
                     step=sess.global_step,

@@ -195,9 +195,10 @@ class HistoryMachine(RuleBasedStateMachine):
         assert name not in {c.name for c in model.commits}  # names are never reused
         self.clock += 1000.0
         touch(self.store, name)
-        commit = catalog.commit(name, Record(step, self.clock, {}, healthy))
         assert self.retention is not None
-        self.retention.sweep(catalog)
+        self.retention.commit(catalog, name, Record(step, self.clock, {}, healthy))  # a save's
+        commit = catalog.history.by_name(name)
+        assert commit is not None
         ref = Ref(commit.seq, name, step, self.clock, healthy)
         model.commits.append(ref)
         model.head = ref
@@ -684,3 +685,61 @@ def test_a_history_derived_again_keeps_the_seq_the_evaluators_results_name(
     assert again.history.next_seq > 12
     (warning,) = [e for e in events if e["event"] == "history.damaged"]
     assert warning["read_from"] is None and "missing" in warning["reason"]
+
+
+def test_a_commit_does_as_much_work_after_hundreds_of_commits_as_after_ten(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A commit's cost may not grow with the commits before it: the entries it encodes into
+    JSON, the directory listings and the files it reads are the same at the 70th commit as
+    at the 10th, while the history remembers up to ``KEEP_GONE`` swept commits (made 20
+    here so that the history is full well before the end)."""
+    from asupervisor._logdir import catalog as catalog_module
+
+    monkeypatch.setattr(catalog_module, "KEEP_GONE", 20)
+    work = {"encoded": 0, "listed": 0, "read": 0, "written": 0}
+    dumps, names, read, write = json.dumps, Store.names, Store.read, Store.write
+
+    def entries(obj: Any) -> int:
+        """The commits and rollbacks in what is encoded (each has ``seq`` or ``number``)."""
+        if isinstance(obj, dict):
+            own = 1 if "seq" in obj or "number" in obj else 0
+            return own + sum(entries(v) for v in obj.values())
+        if isinstance(obj, list):
+            return sum(entries(v) for v in obj)
+        return 0
+
+    def counted_dumps(obj: Any, *args: Any, **kwargs: Any) -> str:
+        work["encoded"] += entries(obj)
+        return dumps(obj, *args, **kwargs)
+
+    def counted_names(self: Store) -> Any:
+        work["listed"] += 1
+        return names(self)
+
+    def counted_read(self: Store, *args: Any, **kwargs: Any) -> bytes:
+        work["read"] += 1
+        return read(self, *args, **kwargs)
+
+    def counted_write(self: Store, *args: Any, **kwargs: Any) -> None:
+        work["written"] += 1
+        write(self, *args, **kwargs)
+
+    monkeypatch.setattr(json, "dumps", counted_dumps)
+    monkeypatch.setattr(Store, "write", counted_write)
+    monkeypatch.setattr(Store, "names", counted_names)
+    monkeypatch.setattr(Store, "read", counted_read)
+    per_commit = []
+    store, catalog = committed_logdir(tmp_path, [], max_to_keep=3)
+    rules = Retention(store, 3, None, None, None)
+    for step in range(80):
+        before = dict(work)
+        name = catalog.next_name(step)
+        touch(store, name)
+        rules.commit(catalog, name, Record(step, time.time(), {"loss": 0.5}, True))  # a save's
+        per_commit.append({k: work[k] - before[k] for k in work})
+    assert len(catalog.history.commits) == 3 + 20  # the history is full
+    assert per_commit[10] == per_commit[70], per_commit
+    # The new commit and the one the sweep let go, in one write of the history (and its
+    # second copy) and one of the state file.
+    assert (per_commit[10]["encoded"], per_commit[10]["written"]) == (2, 3)

@@ -124,14 +124,15 @@ class Writer:
         return path
 
     def _commit(self, name: str, record: Record) -> None:
-        """Files on disk first (fsynced), then the history names them, then the sweep."""
+        """Files on disk first (fsynced), then the history names them and lets go what the
+        sweep lets go (one write), then the files let go are deleted."""
         if self.durable:
             self.store.sync(self.store.files_of(name))
         # Stamped once its files are written, as TF's manager stamps a save: no file of
         # it is newer than its time, so a history derived again from the state file and
         # the disk (``last_preserved_timestamp``) knows the checkpoints kept every N hours.
-        self.catalog.commit(name, dataclasses.replace(record, time=max(record.time, time.time())))
-        self.retention.sweep(self.catalog)
+        stamped = dataclasses.replace(record, time=max(record.time, time.time()))
+        self.retention.commit(self.catalog, name, stamped)
 
     def _discard(self, name: str | None) -> None:
         """A save that failed before its commit leaves no files a later restore could

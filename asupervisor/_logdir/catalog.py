@@ -9,7 +9,9 @@ anything is deleted. A reader beside a live chief reads it again when it looks.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import asdict, replace
+from typing import NamedTuple
 
 from .._log import log
 from . import statefile
@@ -32,6 +34,15 @@ from .records import RECORD, Record
 from .store import Store
 
 KEEP_GONE = 500  # swept commits remembered (the newest): for readers behind, and names
+
+
+class LetGo(NamedTuple):
+    """A sweep's decision: ``preserved`` stay on disk unlisted, ``gone`` are to be
+    deleted; ``last_preserved`` is the time of the last commit kept every N hours."""
+
+    preserved: list[int]
+    gone: list[int]
+    last_preserved: float
 
 
 class Catalog:
@@ -115,9 +126,13 @@ class Catalog:
 
     # -- writing ---------------------------------------------------------------------
 
-    def commit(self, name: str, record: Record) -> Commit:
+    def commit(
+        self, name: str, record: Record, sweep: Callable[[History], LetGo] | None = None
+    ) -> Commit:
         """``name`` (its files on disk, synced) is committed: the new head, a child of the
-        old one."""
+        old one. ``sweep`` decides, on the history with the commit in it, what leaves the
+        list: it does so in the same write (one write of the history and the state file
+        per commit, not two; the files let go are deleted after it, by the sweep)."""
         history = self.history
         commit = Commit(
             seq=history.next_seq,
@@ -132,9 +147,12 @@ class Catalog:
             **asdict(self.provenance),
         )
         commits = tuple(c for c in history.commits if c.name != name)  # names are unique
-        self._change(
-            replace(history, commits=(*commits, commit), head=commit.seq, next_seq=commit.seq + 1)
+        history = replace(
+            history, commits=(*commits, commit), head=commit.seq, next_seq=commit.seq + 1
         )
+        if sweep is not None:
+            history = _let_go(history, sweep(history))
+        self._change(history)
         return commit
 
     def adopt(self, names: list[str]) -> None:
@@ -224,14 +242,9 @@ class Catalog:
         )
         self._change(replace(self.history, commits=commits))
 
-    def let_go(self, preserved: list[int], gone: list[int], last_preserved: float) -> None:
+    def let_go(self, decided: LetGo) -> None:
         """A sweep: ``preserved`` stay on disk unlisted, ``gone`` are to be deleted."""
-        kept: dict[int, Kept] = dict.fromkeys(preserved, "preserved")
-        kept.update(dict.fromkeys(gone, "gone"))
-        commits = tuple(
-            replace(c, kept=kept[c.seq]) if c.seq in kept else c for c in self.history.commits
-        )
-        self._change(replace(self.history, commits=commits, last_preserved=last_preserved))
+        self._change(_let_go(self.history, decided))
 
     def relist(self, seqs: list[int]) -> None:
         """Commits a sweep let go that a reader holds a lease on go back on the list."""
@@ -252,6 +265,16 @@ class Catalog:
         state = history.state_file()
         if state is not None:
             statefile.write(self.store, state)
+
+
+def _let_go(history: History, decided: LetGo) -> History:
+    """``history`` with a sweep's decision in it (unchanged when it lets nothing go)."""
+    if not decided.preserved and not decided.gone:
+        return history
+    kept: dict[int, Kept] = dict.fromkeys(decided.preserved, "preserved")
+    kept.update(dict.fromkeys(decided.gone, "gone"))
+    commits = tuple(replace(c, kept=kept[c.seq]) if c.seq in kept else c for c in history.commits)
+    return replace(history, commits=commits, last_preserved=decided.last_preserved)
 
 
 def _forget_gone(history: History) -> History:

@@ -41,7 +41,8 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
+from functools import cached_property
 from typing import Any, Literal
 
 from . import statefile
@@ -54,6 +55,7 @@ HISTORY = ".asupervisor.history"
 HISTORY_COPY = HISTORY + ".backup"  # the second copy, written after the first
 VERSION = 1
 READ_LIMIT = 32 << 20
+SEP = (",", ":")  # the history file's JSON: compact
 DEFAULT_BASENAME = "model.ckpt"
 
 Kept = Literal["listed", "preserved", "gone"]
@@ -81,10 +83,13 @@ class NameFormat:
     def build(self, step: int, taken: Iterable[str]) -> str:
         """A new name at ``step``: ``<basename>-<step>``, or the next ``_<n>`` after every
         name of that step in ``taken`` (on disk, or remembered by the history)."""
-        revisions = [
-            order[1] for n in taken if (order := self.order(n)) is not None and order[0] == step
-        ]
         name = f"{self.basename}-{step}"
+        # Only names that begin with this step's are parsed: a history remembers hundreds.
+        revisions = [
+            order[1]
+            for n in taken
+            if n.startswith(name) and (order := self.order(n)) is not None and order[0] == step
+        ]
         return name if not revisions else f"{name}_{max(revisions) + 1}"
 
 
@@ -129,6 +134,13 @@ class Commit:
         """Listed or preserved: its commit stands (its files may still be damaged)."""
         return self.kept != "gone"
 
+    @cached_property
+    def json_text(self) -> str:
+        """Its entry in the history file, encoded once: a commit never changes (a change
+        makes a new one), so a history written at every commit encodes only the new
+        entries, not the hundreds it remembers."""
+        return _encode(self)
+
 
 @dataclass(frozen=True)
 class RollbackRecord:
@@ -147,6 +159,17 @@ class RollbackRecord:
     # The data position (epoch, batch) the rollback moved to, written with the record: a
     # kill before the new branch's first commit must not leave it only in memory.
     position: tuple[int, int] | None = None
+
+    @cached_property
+    def json_text(self) -> str:
+        """Its entry in the history file, encoded once (as a commit's)."""
+        return _encode(self)
+
+
+def _encode(record: Commit | RollbackRecord) -> str:
+    """One entry of the history file: its fields in order, as ``json.dumps`` of the
+    dataclass's dict writes them (no deep copy: the values are plain)."""
+    return json.dumps({f.name: getattr(record, f.name) for f in fields(record)}, separators=SEP)
 
 
 @dataclass(frozen=True)
@@ -246,16 +269,20 @@ class History:
 
     # -- writing it down ---------------------------------------------------------------
 
-    def as_json(self) -> dict[str, Any]:
-        return {
+    def json_text(self) -> str:
+        """The history file's text: the header, then each entry's own encoding (made once
+        per entry), so writing it costs a join, not an encoding of every entry."""
+        header = {
             "version": VERSION,
             "basename": self.basename,
             "head": self.head,
             "next_seq": self.next_seq,
             "last_preserved": self.last_preserved,
-            "commits": [asdict(c) for c in self.commits],
-            "rollbacks": [asdict(r) for r in self.rollbacks],
         }
+        commits = ",".join(c.json_text for c in self.commits)
+        rollbacks = ",".join(r.json_text for r in self.rollbacks)
+        head = json.dumps(header, separators=SEP)[:-1]
+        return f'{head},"commits":[{commits}],"rollbacks":[{rollbacks}]}}'
 
     def state_file(self) -> StateFile | None:
         """The state file that follows this history: the listed commits of the
@@ -546,6 +573,6 @@ def write_history(store: Store, history: History) -> None:
     behind, and either one read alone is a whole history. The second is not fsynced: it
     stands in for a first copy removed or overwritten, not for a lost disk cache (the
     first is fsynced), and a commit pays one fsync less for it."""
-    data = json.dumps(history.as_json(), separators=(",", ":")).encode()
+    data = history.json_text().encode()
     store.write(HISTORY, data)
     store.write(HISTORY_COPY, data, durable=False)

@@ -34,11 +34,11 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
-from .catalog import Catalog
+from .catalog import Catalog, LetGo
 from .files import delete_checkpoint
 from .history import Commit, History
 from .leases import Registration, leased, registrations
-from .records import read_results
+from .records import Record, read_results
 from .store import Store
 
 
@@ -232,17 +232,38 @@ class Retention:
     def sweep(self, catalog: Catalog) -> list[str]:
         """After a commit: what no rule keeps leaves the list (kept every N hours, or
         deleted once the history and the state file say so). Returns the names deleted."""
-        history = catalog.history
-        if self.max_to_keep is not None:
-            keep = self.keeps(self.facts(history))
-            preserved, gone, last = self._let_go(history, keep)
-            if preserved or gone:
-                catalog.let_go(preserved, gone, last)
-            if gone:
-                self._relist_leased(catalog, gone)
+        decided = self.decide(catalog.history)
+        if decided.preserved or decided.gone:
+            catalog.let_go(decided)
+        return self._after_let_go(catalog, decided.gone)
+
+    def commit(self, catalog: Catalog, name: str, record: Record) -> list[str]:
+        """Commit ``name`` and sweep, the history and the state file written once for
+        both (a commit's cost is one write, whatever the sweep lets go). Returns the names
+        deleted."""
+        decisions: list[LetGo] = []
+
+        def decide(history: History) -> LetGo:
+            decisions.append(self.decide(history))
+            return decisions[-1]
+
+        catalog.commit(name, record, sweep=decide)
+        return self._after_let_go(catalog, decisions[-1].gone)
+
+    def decide(self, history: History) -> LetGo:
+        """What leaves the list of ``history``: what no rule keeps."""
+        if self.max_to_keep is None:
+            return LetGo([], [], history.last_preserved)
+        return self._let_go(history, self.keeps(self.facts(history)))
+
+    def _after_let_go(self, catalog: Catalog, gone: list[int]) -> list[str]:
+        """Once the history that lets ``gone`` go is written: the leased ones go back on
+        the list, the files of the rest are deleted."""
+        if gone:
+            self._relist_leased(catalog, gone)
         return self._delete_gone(catalog.history)
 
-    def _let_go(self, history: History, keep: set[int]) -> tuple[list[int], list[int], float]:
+    def _let_go(self, history: History, keep: set[int]) -> LetGo:
         """TF's rule for each listed commit no rule keeps, oldest first: kept on disk,
         unlisted, if ``keep_checkpoint_every_n_hours`` has passed since the last one kept
         that way (an abandoned one never is); else gone."""
@@ -260,7 +281,7 @@ class Retention:
                 last = commit.time
             else:
                 gone.append(commit.seq)
-        return preserved, gone, last
+        return LetGo(preserved, gone, last)
 
     def _relist_leased(self, catalog: Catalog, gone: list[int]) -> None:
         """Leases read again *after* the state file stopped listing ``gone``: a reader

@@ -70,6 +70,7 @@ class ManagedSession:
         *,
         epochs: int | None = None,
         max_steps: int | None = None,
+        steps_per_loop: int = 1,
     ) -> int:
         """The fast path: run ``step_fn`` over ``data`` on the training thread, no hop per step.
 
@@ -86,9 +87,24 @@ class ManagedSession:
         as ``data(epoch)`` if it is a function: a shuffled dataset must be one (with the
         epoch in its seed), so that a restart sees the same order again. An iterator
         (which runs out once) is refused with ``epochs``.
+
+        With ``steps_per_loop`` K > 1, up to K steps run inside one ``tf.function``
+        over the ``tf.data`` iterator (``data`` a ``tf.data.Dataset``, or a function
+        of the epoch returning one): saves, hooks, the stop check and the queued jobs
+        come at the boundaries of those calls; each step is counted, summarized and
+        looked at for divergence at its own number.
         """
         checked = optional_positive_int("max_steps", max_steps)
         epochs = optional_positive_int("epochs", epochs)
+        per_loop = optional_positive_int("steps_per_loop", steps_per_loop)
+        if per_loop is None:
+            raise ValueError("steps_per_loop must be a positive int, not None")
+        if per_loop > 1 and not callable(data) and not _is_dataset(data):
+            raise ValueError(
+                "steps_per_loop > 1 runs the steps inside one tf.function over the data's "
+                f"iterator: data must be a tf.data.Dataset (or a function of the epoch "
+                f"returning one), not {type(data).__name__}"
+            )
         if epochs is not None and is_one_shot(data):
             raise ValueError(
                 "data is an iterator, which runs out after one epoch: with epochs= pass "
@@ -97,7 +113,7 @@ class ManagedSession:
             )
         rt = self._rt
         rt.check_not_stopped("train")
-        args = (step_fn, data, checked, epochs)
+        args = (step_fn, data, checked, epochs, per_loop)
         job = Job(rt.stepper.train_loop, args, label=step_fn, kind=JobKind.STEP)
         steps: int = await rt.thread.run_job(job)
         return steps
@@ -226,6 +242,11 @@ class ManagedSession:
             return None
         return flight.job.name, flight.step_started_at
 
+    def steps_in_call(self) -> int:
+        """How many training steps the call running now makes (``train``'s
+        ``steps_per_loop``; 1 for any other work): the step deadline scales by it."""
+        return self._rt.thread.steps_in_call
+
     def step_in_flight(self) -> float | None:
         """``time.monotonic()`` when the training step running now began (a step of
         ``run``, ``train`` or ``fit``, fetching its batch included), or ``None`` when no
@@ -304,3 +325,9 @@ class ManagedSession:
     def start_service(self, service: Any, *, on_error: str = "stop", max_restarts: int = 3) -> None:
         """Start a service now, for this session only."""
         self._rt.start_service(register(service, on_error=on_error, max_restarts=max_restarts))
+
+
+def _is_dataset(data: Any) -> bool:
+    import tensorflow as tf
+
+    return isinstance(data, tf.data.Dataset)

@@ -99,6 +99,9 @@ class Opened:
     def took_one(self) -> None:
         self.fetched += 1
 
+    def took(self, batches: int) -> None:
+        self.fetched += batches
+
     def unsaveable(self, why: str) -> None:
         self.why = why
 
@@ -124,6 +127,15 @@ class Counted:
         batch = self._next()
         self._opened.took_one()
         return batch
+
+    @property
+    def raw(self) -> Any:
+        """The iterator itself, for a loop that reads it inside a ``tf.function``."""
+        return self._opened.iterator
+
+    def took(self, batches: int) -> None:
+        """``batches`` were read from ``raw`` (inside a ``tf.function``)."""
+        self._opened.took(batches)
 
 
 class Reader:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -21,7 +22,11 @@ from .release import release
 
 if TYPE_CHECKING:
     from .._session.runtime import SessionRuntime
+    from .loop import Ran, StepLoop
     from .session_summaries import SessionSummaries
+
+# Runs steps over an iterator, at most max_steps: (steps run, whether the data ran out).
+StepsRunner = Callable[[Iterator[Any], "int | None"], tuple[int, bool]]
 
 FUSED_CACHE_SIZE = 32  # step functions kept fused; per-step partials must not pile up
 STILL_CHECK_EVERY = 10  # steps between two looks at whether the global step moves
@@ -71,6 +76,13 @@ class GlobalStep:
         self._value = self._read()
         self._stale = False
         return self._value
+
+    def seen(self, value: int) -> None:
+        """The variable is known to hold ``value`` (read inside a loop of steps, after
+        the step it counts): the mirror follows without reading it again."""
+        self._unsynced = 0
+        self._value = value
+        self._stale = False
 
     def advance(self, by: int = 1, in_graph: bool = False, deferred: bool = False) -> None:
         """After a successful step (training thread): ours by ``by`` (unless the step's
@@ -238,6 +250,8 @@ class Stepper:
         self._fused: collections.OrderedDict[Any, tuple[Callable[..., Any], bool]] = (
             collections.OrderedDict()
         )
+        # Each step function's loop of many steps per call (steps_per_loop), bounded too.
+        self._step_loops: collections.OrderedDict[Any, StepLoop] = collections.OrderedDict()
         self._still_since: tuple[int, int] | None = None  # (steps run, step value) at last look
         self._warned_still = False
 
@@ -438,12 +452,21 @@ class Stepper:
         data: Any,
         max_steps: int | None,
         epochs: int | None = None,
+        steps_per_loop: int = 1,
     ) -> int:
         """On the training thread: steps back to back; between two, the stop flag is
         checked and the jobs queued meanwhile (saves, holds, calls) are run. With
-        ``epochs``, from the saved position (epoch, batch) to the end of the last epoch."""
+        ``epochs``, from the saved position (epoch, batch) to the end of the last epoch.
+        With ``steps_per_loop`` K > 1, up to K steps run in one call (``_loop_steps``):
+        the boundaries are the calls'."""
+        if steps_per_loop > 1:
+            run: StepsRunner = functools.partial(
+                self._loop_steps, self._step_loop(step_fn), steps_per_loop
+            )
+        else:
+            run = functools.partial(self._steps, step_fn)
         if epochs is None:
-            return self._steps_over(step_fn, data, max_steps)[0]
+            return self._steps_over(run, data, max_steps)[0]
         runtime = self.runtime
         position, before = runtime.position, self.steps_run
         reader = position.reader
@@ -463,7 +486,7 @@ class Stepper:
                 )
                 between = False  # ended at a step boundary, the epoch not over
                 try:
-                    exhausted = self._steps(step_fn, iterator, left)[1]
+                    exhausted = run(iterator, left)[1]
                     between = not exhausted
                 except Rewind:
                     continue  # the restored position: the epoch's data again, from there
@@ -476,14 +499,14 @@ class Stepper:
         return self.steps_run - before
 
     def _steps_over(
-        self, step_fn: Callable[..., Any], source: Iterable[Any], max_steps: int | None
+        self, run: StepsRunner, source: Iterable[Any], max_steps: int | None
     ) -> tuple[int, bool]:
         """Steps over an iterator of ``source``: how many ran, and whether the data ran out.
         The iterator is handed to the releaser after, since its destructor may block
         (a ``tf.data`` iterator's waits for its threads): not before the final save."""
         iterator = iter(source)
         try:
-            return self._steps(step_fn, iterator, max_steps)
+            return run(iterator, max_steps)
         finally:
             release(iterator)
             del iterator, source  # none left here, even in a traceback that keeps the frame
@@ -512,3 +535,108 @@ class Stepper:
                 return done, False  # the step's own data ran out: the stop is requested
             done += 1
         return done, False
+
+    # -- many steps in one call ------------------------------------------------------
+
+    def _step_loop(self, step_fn: Callable[..., Any]) -> StepLoop:
+        """The loop of ``step_fn``, kept (bounded) so that each ``train`` call with it
+        does not trace it again."""
+        from .loop import StepLoop
+
+        try:
+            loop = self._step_loops.get(step_fn)
+        except TypeError:  # unhashable callable: never cached
+            return StepLoop(step_fn, self.step)
+        if loop is None:
+            loop = self._step_loops[step_fn] = StepLoop(step_fn, self.step)
+            if len(self._step_loops) > FUSED_CACHE_SIZE:
+                self._step_loops.popitem(last=False)
+        self._step_loops.move_to_end(step_fn)
+        return loop
+
+    def _loop_steps(
+        self, loop: StepLoop, per_call: int, iterator: Any, max_steps: int | None
+    ) -> tuple[int, bool]:
+        """As ``_steps``, each call running up to ``per_call`` steps inside one
+        ``tf.function``: between two calls, the stop flag and the queued jobs; a call
+        that ran fewer than it was asked found the end of the data."""
+        runtime = self.runtime
+        worker, flag = runtime.thread, runtime.flag
+        counted = iterator if hasattr(iterator, "took") else None
+        raw = counted.raw if counted is not None else iterator
+        done = 0
+        while max_steps is None or done < max_steps:
+            if worker.has_pending():
+                worker.run_pending()
+            if flag.stopped:
+                return done, False
+            n = per_call if max_steps is None else min(per_call, max_steps - done)
+            try:
+                ran = self.run_loop(loop, raw, n, counted)
+            except end_of_data_types():
+                return done, False  # the step's own data ran out: the stop is requested
+            done += ran.count
+            if ran.count < n:
+                return done, True  # the epoch is over; the session goes on
+        return done, False
+
+    def run_loop(self, loop: StepLoop, iterator: Any, n: int, counted: Any) -> Ran:
+        """One call of up to ``n`` steps with hooks around it (at its boundaries)."""
+        runtime = self.runtime
+        runtime.thread.check_fence()
+        runtime.thread.mark_step(steps=n)  # the step deadline is the call's: n steps
+        try:
+            ctx = self.before((), {})
+            ran = self._call_step(self._in_loop(loop, n, counted), (iterator,), {})
+            self.after_loop(ctx, ran)
+            return ran  # type: ignore[no-any-return]
+        except Rewind:
+            raise
+        except BaseException as exc:
+            replacement = runtime.job_failed(exc)
+            if replacement is exc:
+                raise
+            raise replacement from exc
+
+    def _in_loop(self, loop: StepLoop, n: int, counted: Any) -> Callable[[Any], Ran]:
+        def call(iterator: Any) -> Ran:
+            ran = loop.run(iterator, n)
+            if counted is not None:
+                counted.took(ran.count)
+            return ran
+
+        return call
+
+    def after_loop(self, ctx: RunContext | None, ran: Ran) -> None:
+        """After a call of ``ran.count`` steps: each step counted at its own number (its
+        loss looked at, its numbers into the means and the step summaries), then the
+        hooks and what is due, once, at the boundary."""
+        runtime = self.runtime
+        runtime.thread.check_fence()
+        runtime.thread.step_ended()
+        self.recoveries = 0
+        if not ran.count:
+            return
+        result = None
+        for j in range(ran.count):
+            self.step.seen(int(ran.steps[j]))
+            self.steps_run += 1
+            runtime.position.advance(1)
+            result = self.last_result = ran.result(j)
+            if runtime.checkpoints.check_divergence(result):  # rolled back: this call undone
+                if runtime.position.counts():
+                    raise Rewind()
+                return
+            self.summaries.add(result)
+            if self.first_done is None:
+                runtime.checkpoints.check_deferred()
+                self.first_done = (self.step.value, time.monotonic())
+            if self.summary_steps and self._due_summary():
+                self.summaries.step_summaries(result)
+        for hook in self.hooks:
+            hook.after_run(ctx, result)  # type: ignore[arg-type]
+        if self.save_steps and self._due_save():
+            runtime.checkpoints.save()
+        elif self.save_secs and self._due_timed_save():
+            runtime.checkpoints.timed_save()
+        runtime.after_step()

@@ -163,6 +163,7 @@ class TrainingThread:
         self._stack: list[tuple[Job, float]] = []
         self._step_started_at = 0.0
         self._training = False  # what the current step is: a training step, or other work
+        self.steps_in_call = 1  # the training steps the current step's call runs
         self.closed = False  # the session is over: nothing more runs
 
     def start(self) -> None:
@@ -196,12 +197,14 @@ class TrainingThread:
             step, stepping = inner[-1][1], False
         return Flight(job, started, max(step, started), stepping and self._training)
 
-    def mark_step(self, training: bool = True) -> None:
+    def mark_step(self, training: bool = True, steps: int = 1) -> None:
         """On the training thread: a step of the job in flight begins now; with
         ``training=False``, work that is no training step (a validation batch, an
-        epoch's end, a save), bounded by the watchdog all the same."""
+        epoch's end, a save), bounded by the watchdog all the same. ``steps``: how many
+        training steps it runs in one call (its deadline is that many steps')."""
         self._step_started_at = time.monotonic()
         self._training = training
+        self.steps_in_call = steps
 
     def step_ended(self) -> None:
         """On the training thread: the training step has ended; what follows until the
@@ -217,6 +220,7 @@ class TrainingThread:
 
     def _execute(self, job: Job) -> None:
         self._training = False  # until the job marks a training step of its own
+        self.steps_in_call = 1
         self._stack.append((job, time.monotonic()))
         try:
             job.execute()

@@ -33,6 +33,7 @@ COMMANDS = {
     "step_overhead": "python benchmarks/step_overhead.py",
     "health_check": "python benchmarks/step_overhead.py --health-only",
     "checkpoint_stall": "python benchmarks/checkpoint_stall.py",
+    "commit_cost": "python benchmarks/commit_cost.py",
     "lifecycle_latency": "python benchmarks/lifecycle_latency.py",
     "restart_latency": "python benchmarks/restart_latency.py",
     "fork_exit": "python benchmarks/fork_exit.py",
@@ -121,6 +122,10 @@ def render(name: str, results: Path = RESULTS) -> str:
     tables = _table(list(data.get("rows", [])))
     if data.get("costs"):  # goodput.py: what each fault cost
         tables += "\n\nWhat each fault cost:\n\n" + _table(list(data["costs"]))
+    if data.get("against_tf"):  # commit_cost.py: a save against TensorFlow's own
+        tables += "\n\nA small model's save against TensorFlow's own:\n\n" + _table(
+            list(data["against_tf"])
+        )
     return "\n".join(notes) + "\n" + tables
 
 
