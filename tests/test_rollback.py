@@ -413,10 +413,10 @@ async def test_a_kill_between_a_rollbacks_record_and_its_branch_commit_does_not_
 
     real_commit = Catalog.commit
 
-    def dead_after_the_record(self: Catalog, name: str, record: Any) -> Any:
+    def dead_after_the_record(self: Catalog, name: str, record: Any, **sweep: Any) -> Any:
         if self.history.rollbacks:  # the process is gone: nothing more is committed
             raise OSError("killed")
-        return real_commit(self, name, record)
+        return real_commit(self, name, record, **sweep)
 
     line = Line()
     with monkeypatch.context() as patch:

@@ -164,6 +164,8 @@ def end(rank: int, status: int, stopped: bool, at: float) -> MemberEnd:
         ([end(0, 42, True, 1.0), end(1, 42, True, 1.5)], 42, "every worker was stopped"),
         ([end(0, 0, False, 1.0), end(1, 0, False, 1.5)], 0, "worker 0 on n1"),
         ([], 137, "no worker recorded its end"),
+        # a task lost beside one that ended done: the lost one is the cause, not "done"
+        ([end(0, 0, False, 1.0)], 1, "worker 1 left no end"),
     ],
 )
 def test_a_steps_status_is_its_causes_not_sruns(
@@ -172,6 +174,11 @@ def test_a_steps_status_is_its_causes_not_sruns(
     decided, why = group_status(ends, tasks=2, step_status=137)
     assert decided == status
     assert cause in why
+
+
+def test_a_task_cut_off_while_the_run_stops_does_not_turn_the_stop_into_a_failure() -> None:
+    # A notice: one task recorded its stop (42), the other was cut off before it could.
+    assert group_status([end(0, 42, True, 1.0)], 2, 137, stopping=True)[0] == 42
 
 
 # -- on a real SLURM cluster ----------------------------------------------------------------

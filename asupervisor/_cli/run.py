@@ -427,7 +427,7 @@ def _run_slurm(args: argparse.Namespace, command: list[str], preload: tuple[str,
         backoff_secs=args.backoff,
         max_backoff_secs=max(args.max_backoff, args.backoff),
         grace_secs=args.grace + SLURM_GRACE_MARGIN_SECS,
-        stop_signal=signal.SIGTERM,  # srun forwards it to every task
+        stop_signal=signal.SIGTERM,  # the step's process passes it on as scancel --signal
         stuck_after=None,
         restarts=Restarts.HERE,
         status_map=args.exit_status_map,

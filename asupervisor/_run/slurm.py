@@ -169,7 +169,10 @@ def srun_command(
     tasks = str(step_tasks(env))
     return [
         python, "-m", "asupervisor._run.slurm",  # passes a stop on as SLURM means it
-        "srun", "--kill-on-bad-exit=1", f"--nodes={nodes}", f"--ntasks={tasks}",
+        # --export=ALL: the tasks need the run's identity (a site's SLURM_EXPORT_ENV may
+        # say otherwise); block: TF_CONFIG's ranks follow SLURM's block placement.
+        "srun", "--kill-on-bad-exit=1", "--export=ALL", "--distribution=block",
+        f"--nodes={nodes}", f"--ntasks={tasks}",
         python, "-m", "asupervisor", "run", "--restarts", "engine", *member_options,
         "--", *command,
     ]  # fmt: skip
@@ -208,28 +211,34 @@ def member_prefix(run: str, attempt: str) -> str:
     return f"{MEMBER_PREFIX}{run}-{attempt}-"
 
 
-def group_status(ends: Sequence[MemberEnd], tasks: int, step_status: int) -> tuple[int, str]:
+def group_status(
+    ends: Sequence[MemberEnd], tasks: int, step_status: int, stopping: bool = False
+) -> tuple[int, str]:
     """The status of a step from its tasks' recorded ends: the one decision.
 
     srun's own status is the highest of its tasks', so a task that failed (1) beside one
     that the step's end stopped (42) reads as a preemption. The cause is the task that
     ended on its own (not stopped), the earliest of the worst; a task that left no record
-    (its node, or its run, was lost) is a failure; when every task was stopped (a notice
-    to the whole job), their common status.
+    (its node, or its run, was lost) counts as a failure among them. When every task that
+    recorded its end was stopped: their common status if the run asked for the stop
+    (``stopping``: a task cut off then changes nothing), else a lost task is the cause.
     """
     from .statuses import outcome_of, worst_outcome
 
     if not ends:  # no task's run got as far as its end (srun could not start the step)
         return step_status, f"the step ended {step_status} and no worker recorded its end"
+    missing = sorted(set(range(tasks)) - {e.rank for e in ends})
+    lost = f"worker {missing[0]} left no end (its node or its run was lost)" if missing else ""
     own = [e for e in ends if not e.stopped]
     if own:
-        worst = worst_outcome(e.status for e in own)
-        cause = min((e for e in own if outcome_of(e.status) is worst), key=lambda e: e.at)
+        worst = worst_outcome([*(e.status for e in own), *([1] if missing else [])])
+        found = [e for e in own if outcome_of(e.status) is worst]
+        if not found:  # the lost task is the worst of them
+            return 1, lost
+        cause = min(found, key=lambda e: e.at)
         return cause.status, f"worker {cause.rank} on {cause.host}: {cause.why}"
-
-    missing = sorted(set(range(tasks)) - {e.rank for e in ends})
-    if missing:
-        return 1, f"worker {missing[0]} left no end (its node or its run was lost)"
+    if missing and not stopping:
+        return 1, lost
     worst = worst_outcome(e.status for e in ends)
     first = min((e for e in ends if outcome_of(e.status) is worst), key=lambda e: e.at)
     return first.status, f"every worker was stopped (worker {first.rank}: {first.why})"
@@ -252,13 +261,14 @@ def run_step(argv: Sequence[str]) -> int:
     import sys
 
     job = os.environ.get("SLURM_JOB_ID", "")
-    proc = subprocess.Popen(list(argv))
     asked = {"count": 0}
+    procs: list[subprocess.Popen[bytes]] = []
 
     def stop(signum: int, _frame: object) -> None:
         asked["count"] += 1
         if asked["count"] > 1 and signum == _signal.SIGINT:
-            proc.kill()
+            for proc in procs:
+                proc.kill()
             return
         if asked["count"] == 1 and job:
             subprocess.Popen(
@@ -268,7 +278,9 @@ def run_step(argv: Sequence[str]) -> int:
             )  # fmt: skip
 
     for sig in (_signal.SIGTERM, _signal.SIGINT, _signal.SIGUSR1):
-        _signal.signal(sig, stop)
+        _signal.signal(sig, stop)  # before srun starts: no stop is lost in between
+    proc = subprocess.Popen(list(argv))
+    procs.append(proc)
     while True:
         try:
             returncode = proc.wait()

@@ -31,8 +31,13 @@ together, with a restart budget that this run's progress refills. The parts:
   when the child ends and when the supervisor exits however it exits; a child also
   dies with the supervisor (``PR_SET_PDEATHSIG``) if the supervisor is SIGKILLed.
 
-This module never imports TensorFlow for a local logdir (only the crash-loop report
-reads the logdir, to name its newest checkpoint).
+- **Across hosts** (``group.py``, ``slurm.py``): a run whose one child is one worker of a
+  job others started leaves the restart to the engine (``membership``); ``--slurm``'s
+  outer run restarts a SLURM step whose status it reads from each task's recorded end.
+
+This module never imports TensorFlow for a local logdir. It reads the logdir for the
+history's commits of a failed attempt, a killed session's end (``ends.py``), a step's
+task records and the crash-loop report, each bounded.
 """
 
 from __future__ import annotations
@@ -90,7 +95,11 @@ __all__ = [
 
 DEFAULT_PRELOAD = ("tensorflow", "keras", "asupervisor")
 DEFAULT_GRACE_SECS = 150.0  # more than a session's default stop_grace_secs (120) + an exit
-REAP_SECS = 5.0  # how long the run's end waits for the processes it killed to be reaped
+REAP_SECS = 5.0
+MEMBER_READ_TRIES = 5  # a --slurm step's task records, looked for this many times
+MEMBER_READ_PAUSE_SECS = (
+    0.5  # how long the run's end waits for the processes it killed to be reaped
+)
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
 FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
@@ -149,7 +158,6 @@ def newest_step(logdir: str) -> int | None:
 
 def local_tf_configs(count: int) -> list[str]:
     """One TF_CONFIG per worker of a job on free loopback ports of this machine."""
-    import socket
 
     sockets = [socket.socket() for _ in range(count)]
     for s in sockets:
@@ -262,9 +270,13 @@ class ProcessSupervisor:
             at=time.time(),
         )
         name = member_prefix(run, attempt) + str(end.rank)
-        with anyio.move_on_after(LOGDIR_READ_SECS), anyio.CancelScope(shield=True):
+        # Shielded from the run's own end, bounded by its deadline (the shield inside would
+        # hold the deadline off too).
+        with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
             try:
-                await anyio.to_thread.run_sync(_write_member_end, logdir, name, end)
+                await anyio.to_thread.run_sync(
+                    _write_member_end, logdir, name, end, abandon_on_cancel=True
+                )
             except Exception as exc:  # said, never a reason to fail the end
                 self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
 
@@ -276,32 +288,41 @@ class ProcessSupervisor:
         prefix = member_prefix(self.run_id, str(result.number))
 
         def read() -> list[MemberEnd]:
-            store, ends = Store(logdir), []
-            for name in store.names():
-                if name.startswith(prefix) and ".tmp" not in name:
+            # Each task's record by its exact name (a listing of a shared file system may
+            # lag behind files made on other hosts), looked for again briefly if missing.
+            store, ends = Store(logdir), dict[int, MemberEnd]()
+            for _ in range(MEMBER_READ_TRIES):
+                for rank in set(range(tasks)) - set(ends):
                     with contextlib.suppress(Exception):
-                        ends.append(MemberEnd.from_json(store.read(name)))
-                    with contextlib.suppress(OSError):
-                        store.remove(name)
-            return ends
+                        ends[rank] = MemberEnd.from_json(store.read(prefix + str(rank)))
+                        store.remove(prefix + str(rank))
+                if len(ends) == tasks:
+                    break
+                time.sleep(MEMBER_READ_PAUSE_SECS)
+            return list(ends.values())
 
         ends: list[MemberEnd] = []
         with anyio.move_on_after(LOGDIR_READ_SECS):
-            ends = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+            try:
+                ends = await anyio.to_thread.run_sync(read, abandon_on_cancel=True)
+            except Exception as exc:  # said; the step's own status is what is left
+                self.say("step.ends_unread", logdir=logdir, error=repr(exc)[:200])
         step = result.ends[0]
-        status, cause = group_status(ends, tasks, step.status)
+        status, cause = group_status(ends, tasks, step.status, result.stop_requested)
         for end in sorted(ends, key=lambda e: e.rank):
             self.say(
                 "step.worker_ended", attempt=result.number, worker=end.rank, host=end.host,
                 status=describe_status(end.status), stopped=end.stopped, how=end.why,
             )  # fmt: skip
         self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
-        return dataclasses.replace(result, ends=(dataclasses.replace(step, status=status),))
+        decided = dataclasses.replace(step, status=status)
+        first = decided if result.first_failure is not None else None
+        return dataclasses.replace(result, ends=(decided,), first_failure=first)
 
     async def _reaped(self) -> None:
         """Wait (bounded) until every killed process was reaped: a process left to the
         closed event loop would be a zombie and a warning at exit."""
-        with anyio.move_on_after(REAP_SECS), anyio.CancelScope(shield=True):
+        with anyio.move_on_after(REAP_SECS, shield=True):
             for proc in self.procs:
                 await proc.gone.wait()
 
@@ -354,6 +375,23 @@ class ProcessSupervisor:
             result = await attempt.monitor()
             await self._record_ends(attempt.children, result.logdirs)
             # A --slurm step's status is its tasks' recorded cause; its progress, the history.
+            if member.restarts is Restarts.ENGINE:
+                # One worker of a job others started: restarted alone, it could not join
+                # its old group. The engine restarts the job as a whole (its own judgement
+                # of progress reads the history, under its own run's identity).
+                self.history.append(result)
+                self._said_exits(result)
+                if result.interrupted or not restartable(result):
+                    given_up = budget.after(result)
+                    assert isinstance(given_up, GiveUp)  # nothing a restart changes
+                    return given_up.status
+                self.say(
+                    "run.restart_left_to_engine",
+                    after=result.why,
+                    status=describe_status(result.status),
+                    why=member.why,
+                )
+                return result.status
             result = await self._with_history(await self._group_result(result))
             self.history.append(result)
             self._said_exits(result)
@@ -362,16 +400,6 @@ class ProcessSupervisor:
                 if decision.crash_loop:
                     self._print(await self._crash_loop_report(budget.failures))
                 return decision.status
-            if member.restarts is Restarts.ENGINE:
-                # One worker of a job others started: restarted alone, it could not join
-                # its old group. The engine restarts the job as a whole.
-                self.say(
-                    "run.restart_left_to_engine",
-                    after=result.why,
-                    status=describe_status(result.status),
-                    why=member.why,
-                )
-                return result.status
             self.say(
                 "run.restarting",
                 attempt=number + 1,
