@@ -195,6 +195,9 @@ def test_the_wheel_installs_with_what_it_declares_and_runs(tmp_path: Path) -> No
     (wheel,) = dist.glob("asupervisor-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "asupervisor/py.typed" in names  # PEP 561: its types are for users' type checkers
+    # services/ (the project's top level) is installed as asupervisor.services, its files
+    # in the wheel (not a link): the TYPED script below imports it under mypy --strict.
+    assert "asupervisor/services/__init__.py" in names and "asupervisor/services" not in names
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names), names
     clean = tmp_path / "clean"
     venv.EnvBuilder(with_pip=False).create(clean)

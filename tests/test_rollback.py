@@ -89,6 +89,11 @@ async def test_a_nan_at_a_known_batch_rolls_back_skips_it_and_training_finishes(
     acc.Reload()
     (marker,) = acc.Tensors("rollback/diverged_at_step")
     assert marker.step == 7 and float(tf.make_ndarray(marker.tensor_proto)) == 8.0
+    # The run's count of rollbacks, on the same axis (TensorBoard's faults, beside restarts).
+    counts = [
+        (e.step, float(tf.make_ndarray(e.tensor_proto))) for e in acc.Tensors("run/rollbacks")
+    ]
+    assert counts == [(0, 0.0), (7, 1.0)]  # at the session's start, then at the rollback
 
 
 async def test_too_many_divergences_end_the_run_with_an_error_that_says_what_happened(

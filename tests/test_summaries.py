@@ -633,6 +633,7 @@ async def test_a_killed_sessions_lost_steps_are_those_its_points_were_drawn_to(
     ledger.append(store, {"session": "a", "first_step_at": "2026-01-01T00:00:10+00:00"})
     values = run_story(store, "b", 5, "checkpoint", drawn_to=9)
     assert values["run/restarts"] == 1.0 and values["run/steps_lost"] == 4.0
+    assert values["run/rollbacks"] == 0.0
     assert "killed (no end recorded)" in values["run/history"]
     assert "| 2 | now | 5 | | running | | ≥ 4 |" in values["run/history"]
 

@@ -300,7 +300,11 @@ class SessionCheckpoints:
             batches_dropped=dropped,
             position=moved,
         )
-        self.events.write({"rollback/diverged_at_step": float(diverged)}, restored + 1)
+        rollbacks = float(len(catalog.history.divergences()))  # the run's, this one counted
+        self.events.write(
+            {"rollback/diverged_at_step": float(diverged), "run/rollbacks": rollbacks},
+            restored + 1,
+        )
         log.warning(
             "checkpoint.rolled_back",
             path=path,

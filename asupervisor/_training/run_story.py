@@ -8,6 +8,8 @@ At each session's start the chief writes, at the restored step, into the logdir'
 - ``run/steps_lost``: the steps the session before trained and were not kept (its
   step reached, less the restored one); for a killed session, which recorded no end,
   the steps its points were drawn to past the restore (at least that many);
+- ``run/rollbacks``: the divergence rollbacks of the run so far (the history's; each
+  rollback also writes it, and ``rollback/diverged_at_step``, as it happens);
 - ``run/history`` (text, a markdown table, on the text dashboard): every session,
   when it began, from which step, how and where it ended, the steps each restart lost.
 
@@ -22,6 +24,7 @@ from typing import Any
 from .._log import log
 from .._logdir import costs as _costs
 from .._logdir import ledger as _ledger
+from .._logdir.history import read_history
 from .._logdir.store import Store
 from .summaries import EventsFile
 
@@ -64,6 +67,7 @@ def run_story(
     told = _costs.goodput([*before, this])
     restarts = told.restarts if told is not None else ()
     values: dict[str, Any] = {"run/restarts": float(len(restarts))}
+    values["run/rollbacks"] = float(len(read_history(store).divergences()))
     so_far = _costs.goodput(before) if before else None
     if so_far is not None and so_far.wall_secs > 0:
         values["run/goodput"] = so_far.fraction
