@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import errno
+import functools
 import json
 import os
 import threading
@@ -508,6 +509,33 @@ async def test_a_long_save_or_call_is_no_step_that_does_not_end_and_a_long_step_
     long = [v for v in judged(step) if v.stale]
     assert long and all("sleep has run for" in v.why for v in long), judged(step)
     assert all("a training step that does not end" in v.why for v in long)
+
+
+@pytest.mark.anyio
+async def test_a_long_epoch_end_is_no_step_that_does_not_end(logdir: str, channel: Channel) -> None:
+    """A Keras callback's long ``on_epoch_end`` (an evaluation, an export) is work on the
+    training thread that is no training step: ``asupervisor run --stuck-after`` does not
+    judge it as one (its beats say ``training=False``)."""
+    import keras
+
+    from tests.test_fit_callbacks import compiled, dataset
+
+    class SlowEpochEnd(keras.callbacks.Callback):
+        def on_epoch_end(self, epoch: int, logs: Any = None) -> None:
+            time.sleep(0.6)
+
+    model = compiled()
+    sv = asv.Supervisor(
+        logdir, checkpoint={"model": model}, save_model_secs=0, save_summaries_secs=0,
+        heartbeat_secs=0.05,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        fit = functools.partial(sess.fit, epochs=2, callbacks=[SlowEpochEnd()], verbose=0)
+        await reading(channel, fit, model, dataset())
+    beats = [b for b in channel.beats() if b.busy_since is not None]
+    long = [b for b in beats if b.written_at - b.busy_since > 0.3]
+    assert long and not any(b.training for b in long), long
+    assert not any(judge(b, b.written_at, 0.3, 60, still_running=True).stale for b in long)
 
 
 def test_work_that_is_no_training_step_gets_the_longer_deadline() -> None:
