@@ -141,7 +141,7 @@ def test_slurms_task_counts_and_placement_are_read_as_slurm_writes_them() -> Non
     config = json.loads(tf_config(step, attempt=3, addresses={"a": "10.0.0.1", "b": "b"}))
     port = int(config["cluster"]["worker"][0].rsplit(":", 1)[1])
     assert config == {
-        "cluster": {"worker": [f"10.0.0.1:{port}", f"10.0.0.1:{port + 1}", f"b:{port}"]},
+        "cluster": {"worker": [f"10.0.0.1:{port}", f"10.0.0.1:{port + 1}", f"b:{port + 2}"]},
         "task": {"type": "worker", "index": 2},
     }
     # Every task derives the same ports; the next attempt and a requeue use others.

@@ -124,8 +124,8 @@ def step_of(env: Mapping[str, str]) -> Step | None:
 
 
 def port_for(step: Step, attempt: int) -> int:
-    """The first port of the job's workers on each node: the same in every task (no
-    talking), and another one at each attempt and requeue (a port the attempt before
+    """The first port of the job's workers (task N has this + N): the same in every task
+    (no talking), and another one at each attempt and requeue (a port the attempt before
     may still hold is not reused at once)."""
     seed = int(step.job_id) if step.job_id.isdigit() else 0
     return PORT_BASE + (seed * 7919 + step.restart_count * 104729 + attempt * 613) % PORT_SPAN
@@ -138,7 +138,9 @@ def tf_config(step: Step, attempt: int, addresses: Mapping[str, str] | None = No
         if node not in where:
             where[node] = node_address(node)
     base = port_for(step, attempt)
-    workers = [f"{where[node]}:{base + index}" for node, index in step.placement()]
+    # A port per task, not per node's task: TF's gRPC server binds every interface, so two
+    # nodes that share a host's network (containers, test clusters) must not share one.
+    workers = [f"{where[node]}:{base + rank}" for rank, (node, _) in enumerate(step.placement())]
     return json.dumps(
         {"cluster": {"worker": workers}, "task": {"type": "worker", "index": step.procid}}
     )
