@@ -72,11 +72,19 @@ def job_state(slurm: Cluster, job: str) -> dict[str, str]:
     return dict(w.split("=", 1) for w in shown.split() if "=" in w)
 
 
+def over(state: dict[str, str]) -> bool:
+    """The job has ended for good: not one that exited 42 and is about to be requeued
+    (SLURM shows it COMPLETED for a moment before it requeues it)."""
+    ended = state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
+    requeuing = state.get("ExitCode", "").startswith("42:") and state.get("Requeue") == "1"
+    return ended and not requeuing
+
+
 def wait_for_end(slurm: Cluster, job: str, log: Path) -> dict[str, str]:
     """Bounded by what happens: the controller's state of the job, until it is over."""
     for _ in range(1500):
         state = job_state(slurm, job)
-        if state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"):
+        if over(state):
             return state
         time.sleep(0.2)
     raise AssertionError(f"job {job} did not end: {state}\n{log.read_text()}")
