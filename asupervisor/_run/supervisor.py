@@ -95,11 +95,9 @@ __all__ = [
 
 DEFAULT_PRELOAD = ("tensorflow", "keras", "asupervisor")
 DEFAULT_GRACE_SECS = 150.0  # more than a session's default stop_grace_secs (120) + an exit
-REAP_SECS = 5.0
+REAP_SECS = 5.0  # how long the run's end waits for the processes it killed to be reaped
 MEMBER_READ_TRIES = 5  # a --slurm step's task records, looked for this many times
-MEMBER_READ_PAUSE_SECS = (
-    0.5  # how long the run's end waits for the processes it killed to be reaped
-)
+MEMBER_READ_PAUSE_SECS = 0.5  # between two looks
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
 FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
@@ -200,6 +198,14 @@ class ProcessSupervisor:
         self._tg: anyio.abc.TaskGroup | None = None
         self._standby: Standby | None = None
         self._member = membership(config.restarts, os.environ, config.workers)
+        # One task of a job an outer `asupervisor run` restarts (its --slurm step): the outer
+        # run's identity, which this run's children record their commits with.
+        outer = os.environ.get(_heartbeat.ENV_RUN), os.environ.get(_heartbeat.ENV_ATTEMPT)
+        self._outer = (
+            (outer[0], outer[1])
+            if self._member.restarts is Restarts.ENGINE and outer[0] and outer[1]
+            else None
+        )
 
     # -- output --------------------------------------------------------------------
 
@@ -255,10 +261,10 @@ class ProcessSupervisor:
     async def _record_member_end(self, status: int) -> None:
         """One task of an outer run's step: its end, as a fact in the logdir for the
         outer run to read (the step's own status hides which task was the cause)."""
-        run, attempt = os.environ.get(_heartbeat.ENV_RUN), os.environ.get(_heartbeat.ENV_ATTEMPT)
         logdir = self.config.logdir
-        if self._member.restarts is not Restarts.ENGINE or not (run and attempt and logdir):
+        if self._outer is None or not logdir:
             return
+        run, attempt = self._outer
         last = self.history[-1] if self.history else None
         procid = os.environ.get("SLURM_PROCID", "0")
         end = MemberEnd(
@@ -374,17 +380,15 @@ class ProcessSupervisor:
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
             result = await attempt.monitor()
             await self._record_ends(attempt.children, result.logdirs)
-            # A --slurm step's status is its tasks' recorded cause; its progress, the history.
-            if member.restarts is Restarts.ENGINE:
+            if member.restarts is not Restarts.ENGINE:
+                # A --slurm step's status is its tasks' recorded cause; progress, the
+                # history's (an engine's member leaves both to the engine's own run).
+                result = await self._with_history(await self._group_result(result))
+            self.history.append(result)
+            self._said_exits(result)
+            if member.restarts is Restarts.ENGINE and restartable(result):
                 # One worker of a job others started: restarted alone, it could not join
-                # its old group. The engine restarts the job as a whole (its own judgement
-                # of progress reads the history, under its own run's identity).
-                self.history.append(result)
-                self._said_exits(result)
-                if result.interrupted or not restartable(result):
-                    given_up = budget.after(result)
-                    assert isinstance(given_up, GiveUp)  # nothing a restart changes
-                    return given_up.status
+                # its old group. The engine restarts the job as a whole.
                 self.say(
                     "run.restart_left_to_engine",
                     after=result.why,
@@ -392,9 +396,6 @@ class ProcessSupervisor:
                     why=member.why,
                 )
                 return result.status
-            result = await self._with_history(await self._group_result(result))
-            self.history.append(result)
-            self._said_exits(result)
             decision = budget.after(result)
             if isinstance(decision, GiveUp):
                 if decision.crash_loop:
@@ -487,10 +488,7 @@ class ProcessSupervisor:
         """The run and attempt a child's sessions record their commits with: this run's;
         or, for one task of a job that an outer ``asupervisor run`` restarts (its
         ``--slurm`` step), the outer run's, whose judgement of progress reads them."""
-        outer = os.environ.get(_heartbeat.ENV_RUN), os.environ.get(_heartbeat.ENV_ATTEMPT)
-        if self._member.restarts is Restarts.ENGINE and outer[0] and outer[1]:
-            return outer[0], outer[1]
-        return self.run_id, str(number)
+        return self._outer or (self.run_id, str(number))
 
     async def _tf_configs(self, number: int) -> list[str] | None:
         """Each worker's TF_CONFIG: on loopback ports for --workers N; from SLURM's

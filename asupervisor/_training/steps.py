@@ -305,16 +305,23 @@ class Stepper:
         runtime = self.runtime
         runtime.thread.check_fence()
         runtime.thread.mark_step()
-        try:
+        with self._classified():
             ctx = self.before(args, kwargs)
             call, counted_in_graph = self.prepared(fn)
             result = self._call_step(call, args, kwargs)
             self.after(ctx, result, counted_in_graph)
             return result
+
+    @contextlib.contextmanager
+    def _classified(self) -> Iterator[None]:
+        """What a step (or a call of steps) raises, as the runtime classifies it
+        (``job_failed``: the same error, or the one it stands for); a ``Rewind`` as it is."""
+        try:
+            yield
         except Rewind:
             raise
         except BaseException as exc:
-            replacement = runtime.job_failed(exc)
+            replacement = self.runtime.job_failed(exc)
             if replacement is exc:
                 raise
             raise replacement from exc
@@ -585,18 +592,11 @@ class Stepper:
         runtime = self.runtime
         runtime.thread.check_fence()
         runtime.thread.mark_step(steps=n)  # the step deadline is the call's: n steps
-        try:
+        with self._classified():
             ctx = self.before((), {})
             ran = self._call_step(self._in_loop(loop, n, counted), (iterator,), {})
             self.after_loop(ctx, ran)
             return ran  # type: ignore[no-any-return]
-        except Rewind:
-            raise
-        except BaseException as exc:
-            replacement = runtime.job_failed(exc)
-            if replacement is exc:
-                raise
-            raise replacement from exc
 
     def _in_loop(self, loop: StepLoop, n: int, counted: Any) -> Callable[[Any], Ran]:
         def call(iterator: Any) -> Ran:
