@@ -53,11 +53,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def _share_one_slurm_cluster(config: pytest.Config) -> None:
     """One SLURM cluster for the whole run (tests/slurm_cluster.py: the first test that
-    needs it brings it up; every worker shares it), ended when the run ends."""
+    needs it brings it up; every worker shares it), ended when the run ends; unless
+    ASV_SLURM_DIR already names one."""
     import tempfile
 
     from tests import slurm_cluster
 
+    if os.environ.get(slurm_cluster.SHARED_ENV):
+        # A cluster brought up by hand (python -m tests.slurm_cluster up DIR) is shared by
+        # every run that names it, and outlives them: its owner ends it.
+        return
     place = tempfile.mkdtemp(prefix="asv-slurm-")
     os.environ[slurm_cluster.SHARED_ENV] = place  # the workers inherit it
 
