@@ -11,7 +11,8 @@ The line before a block may say how to treat it:
 `<!-- docs-test: skip (REASON) -->` (a reason is required), `<!-- docs-test: parse -->`
 (a python block is compiled, not run), `<!-- docs-test: continue -->` (a python block is
 run joined to the previous python block of the same page), `<!-- docs-test: run (HOW) -->`
-(a shell block that a test of its own below runs for real, as HOW says).
+(a shell block that a test of its own below runs for real, as HOW says),
+`<!-- docs-test: file (PATH) -->` (the block is the repository's file PATH, as it is).
 
 The pages speak to a user: no issue numbers, no "this machine" (and for the guide pages,
 no "the contract" nor where the project once was), and their measured tables are current
@@ -99,7 +100,7 @@ def test_every_block_says_what_it_is_and_every_skip_says_why() -> None:
     assert len(ALL) > 10, "the block finder found almost nothing"
     for block in ALL:
         assert block.lang in CODE | {"text"}, f"{block.where}: a block without a known language"
-        assert block.marker in (None, "skip", "parse", "continue", "run"), block.where
+        assert block.marker in (None, "skip", "parse", "continue", "run", "file"), block.where
         if block.marker == "skip":
             assert block.reason and block.reason.strip(), f"{block.where}: a skip with no reason"
         if block.marker in ("parse", "continue"):
@@ -107,6 +108,16 @@ def test_every_block_says_what_it_is_and_every_skip_says_why() -> None:
         if block.marker == "run":
             assert block.lang in SHELL, f"{block.where}: run is for shell blocks"
             assert block.where in RUN_BLOCKS, f"{block.where}: no test runs this block"
+
+
+def test_a_block_that_shows_a_file_shows_it_as_it_is() -> None:
+    shown = [block for block in ALL if block.marker == "file"]
+    assert shown, "no block shows a file"
+    for block in shown:
+        assert block.reason, f"{block.where}: which file?"
+        assert block.text == (ROOT / block.reason).read_text(), (
+            f"{block.where}: not {block.reason} as it is: copy the file into the block"
+        )
 
 
 def test_yaml_blocks_parse() -> None:
