@@ -152,6 +152,20 @@ def jobset_problems(resource: dict[str, Any]) -> list[str]:
     return problems
 
 
+def jobset_rule_values() -> tuple[frozenset[str], str]:
+    """What JobSet's models say in words, not in their schema: a failure policy rule's
+    valid actions ("Valid values are A, B, ...") and the pattern its name must match."""
+    from kubeflow_trainer_api.models.jobset_v1alpha2_failure_policy_rule import (
+        JobsetV1alpha2FailurePolicyRule as Rule,
+    )
+
+    fields = Rule.model_fields
+    actions = re.search(r"Valid values are ([\w, ]+)\.", fields["action"].description or "")
+    pattern = re.search(r'regular expression "([^"]+)"', fields["name"].description or "")
+    assert actions is not None and pattern is not None, "JobSet's model describes them no more"
+    return frozenset(a.strip() for a in actions.group(1).split(",")), pattern.group(1)
+
+
 # -- TFJob ----------------------------------------------------------------------------
 
 _LIST = re.compile(r"^list\[(.+)\]$")

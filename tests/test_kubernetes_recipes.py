@@ -285,6 +285,39 @@ def test_a_misspelt_field_a_wrong_type_or_a_missing_field_fails_the_schema_check
     assert any(said in problem for problem in problems), problems
 
 
+# Values the APIs give as plain strings (their schemas have no enum for them): what the
+# engines' sources accept. Kubernetes' batch/v1 and core/v1 types; the training operator's
+# kubeflow.org/v1 ReplicaSpec and TFJob replica types; JobSet's restart strategies (its
+# JobSetRestartStrategy enum). JobSet's rule actions and name pattern come from its models.
+POD_FAILURE_ACTIONS = {"FailJob", "FailIndex", "Ignore", "Count"}
+EXIT_CODE_OPERATORS = {"In", "NotIn"}
+TFJOB_RESTART_POLICIES = {"Always", "OnFailure", "Never", "ExitCode"}
+TFJOB_REPLICA_TYPES = {"Chief", "Master", "Worker", "PS", "Evaluator"}
+JOBSET_RESTART_STRATEGIES = {"Recreate", "BlockingRecreate", "InPlaceRestart"}
+
+
+@pytest.mark.parametrize("name", sorted(CHECKS))
+def test_the_values_no_schema_checks_are_ones_the_engines_know(name: str) -> None:
+    manifest = load(name)
+    if manifest["kind"] == "TFJob":
+        for replica_type, replica in manifest["spec"]["tfReplicaSpecs"].items():
+            assert replica_type in TFJOB_REPLICA_TYPES
+            assert replica["restartPolicy"] in TFJOB_RESTART_POLICIES
+        return
+    # A podFailurePolicy needs restartPolicy: Never (the API server refuses it otherwise).
+    assert pod_spec(manifest)["restartPolicy"] == "Never"
+    for rule in job_spec(manifest)["podFailurePolicy"]["rules"]:
+        assert rule["action"] in POD_FAILURE_ACTIONS
+        assert rule.get("onExitCodes", {}).get("operator", "In") in EXIT_CODE_OPERATORS
+    if manifest["kind"] == "JobSet":
+        actions, pattern = schemas.jobset_rule_values()
+        policy = manifest["spec"]["failurePolicy"]
+        assert policy["restartStrategy"] in JOBSET_RESTART_STRATEGIES
+        for rule in policy["rules"]:
+            assert rule["action"] in actions
+            assert re.fullmatch(pattern, rule["name"]), rule["name"]
+
+
 # -- what each engine does with each status ---------------------------------------------
 
 
