@@ -41,16 +41,16 @@ def load(name: str) -> dict[str, Any]:
     return manifest
 
 
-def pod_spec(manifest: dict[str, Any]) -> dict[str, Any]:
-    """The pod spec of a recipe's workers."""
+def pod_spec(manifest: dict[str, Any]) -> Any:
+    """The pod spec of a recipe's workers (itself: a change to it changes the manifest)."""
     spec = manifest["spec"]
     if manifest["kind"] == "JobSet":
         (replicated,) = spec["replicatedJobs"]
         spec = replicated["template"]["spec"]
     if manifest["kind"] == "TFJob":
         (replica,) = spec["tfReplicaSpecs"].values()
-        return dict(replica["template"]["spec"])
-    return dict(spec["template"]["spec"])
+        return replica["template"]["spec"]
+    return spec["template"]["spec"]
 
 
 def job_spec(manifest: dict[str, Any]) -> dict[str, Any]:
@@ -80,6 +80,9 @@ def cases() -> Iterator[tuple[str, int, Sequence[str]]]:
     yield "killed", 137, ()
     yield "disrupted, killed", 137, (DISRUPTED,)
     yield "disrupted, saved", Outcome.PREEMPTED.exit_status, (DISRUPTED,)
+
+
+CASE_IDS = [f"{cause}-{status}" for cause, status, _ in cases()]
 
 
 # -- the engines' rules, as their sources state them ------------------------------------
@@ -201,13 +204,7 @@ def test_each_recipe_is_valid_against_the_published_schema_of_its_resource(name:
 
 
 def _container(manifest: dict[str, Any]) -> Any:
-    """The workers' container itself (to change it in place)."""
-    spec = manifest["spec"]
-    if manifest["kind"] == "JobSet":
-        spec = spec["replicatedJobs"][0]["template"]["spec"]
-    if manifest["kind"] == "TFJob":
-        return spec["tfReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
-    return spec["template"]["spec"]["containers"][0]
+    return pod_spec(manifest)["containers"][0]
 
 
 # A misspelt field at each level a recipe relies on, a value of the wrong type, a missing
@@ -334,7 +331,7 @@ def expected_jobset(outcome: Outcome, conditions: Sequence[str]) -> str:
     return JOBSET_WORDS["RestartJobSet"]
 
 
-@pytest.mark.parametrize(("cause", "status", "conditions"), list(cases()))
+@pytest.mark.parametrize(("cause", "status", "conditions"), list(cases()), ids=CASE_IDS)
 def test_a_jobset_restarts_every_worker_on_all_but_done_and_permanent_counting_all_but_preemption(
     cause: str, status: int, conditions: Sequence[str]
 ) -> None:
@@ -354,7 +351,7 @@ def expected_job(outcome: Outcome, conditions: Sequence[str]) -> str:
     return JOB_WORDS["count"]
 
 
-@pytest.mark.parametrize(("cause", "status", "conditions"), list(cases()))
+@pytest.mark.parametrize(("cause", "status", "conditions"), list(cases()), ids=CASE_IDS)
 def test_a_job_replaces_the_pod_counting_all_but_preemption_and_fails_on_a_permanent_status(
     cause: str, status: int, conditions: Sequence[str]
 ) -> None:
@@ -385,7 +382,9 @@ def test_a_tfjob_retries_a_preempted_a_stuck_and_a_killed_worker_and_no_permanen
 def test_the_grace_periods_nest_kubernetes_then_asupervisor_run(name: str) -> None:
     manifest = load(name)
     args = run_args(manifest)
-    assert args.grace == DEFAULT_GRACE_SECS or args.grace > 0
+    # At least the default, which is more than the session's default stop_grace_secs plus
+    # an exit (a smaller one needs a smaller stop_grace_secs in the script).
+    assert args.grace >= DEFAULT_GRACE_SECS
     # Kubernetes kills the container terminationGracePeriodSeconds after its SIGTERM: the
     # supervisor must have stopped its child (final checkpoint) and exited before.
     assert pod_spec(manifest)["terminationGracePeriodSeconds"] > args.grace
