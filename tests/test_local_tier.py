@@ -42,7 +42,8 @@ def tiered(logdir: str, pair: Pair, local: str, **tier: Any) -> asv.Supervisor:
     )
 
 
-async def train(sv: asv.Supervisor, pair: Pair, to_step: int) -> asv.RestoreReport:
+async def train(sv: asv.Supervisor, to_step: int) -> asv.RestoreReport:
+    pair = sv.checkpoint.pair  # the Pair it saves
     async with sv.session() as sess:
         report = sess.restore_report
         while sess.global_step < to_step:
@@ -137,7 +138,7 @@ async def test_saves_go_to_the_local_tier_and_the_logdir_gets_each_commit_behind
     local = str(tmp_path / "local")
     pair = Pair()
     sv = tiered(logdir, pair, local, keep=2)
-    report = await train(sv, pair, 9)
+    report = await train(sv, 9)
     assert report.tier is None and report.source == asv.RestoreSource.FRESH
     here = LocalTier(local).tier_dir(logdir)
     saved = [e for e in named(events, "checkpoint.saved")]
@@ -162,18 +163,18 @@ async def test_a_restart_restores_from_the_local_tier_and_from_the_logdir_once_i
     logdir: str, tmp_path: Path, events: list[dict[str, Any]]
 ) -> None:
     local = str(tmp_path / "local")
-    await train(tiered(logdir, Pair(), local), Pair(), 5)
+    await train(tiered(logdir, Pair(), local), 5)
     here = LocalTier(local).tier_dir(logdir)
 
     again = Pair()
-    report = await train(tiered(logdir, again, local), again, 7)
+    report = await train(tiered(logdir, again, local), 7)
     assert (report.step, report.tier) == (5, "local")
     assert report.path is not None and report.path.startswith(here)
     assert named(events, "checkpoint.restored")[-1]["tier"] == "local"
 
     shutil.rmtree(local)  # a new host: the local tier is empty
     third = Pair()
-    report = await train(tiered(logdir, third, local), third, 8)
+    report = await train(tiered(logdir, third, local), 8)
     assert (report.step, report.tier) == (7, "store")
     assert report.path == os.path.join(logdir, commits(logdir)[-2][0])
     ledger = [json.loads(line) for line in open(os.path.join(logdir, LEDGER))]
@@ -190,7 +191,7 @@ async def test_only_every_nth_local_commit_and_the_final_one_are_mirrored(
 ) -> None:
     pair = Pair()
     local = str(tmp_path / "local")
-    await train(tiered(logdir, pair, local, mirror_every=3, keep=20), pair, 10)
+    await train(tiered(logdir, pair, local, mirror_every=3, keep=20), 10)
     local_steps = [s for _, s in commits(LocalTier(local).tier_dir(logdir))]
     assert local_steps == [0, 2, 4, 6, 8, 10]
     assert [s for _, s in commits(logdir)] == [4, 10]  # the 3rd and 6th, and the final
@@ -201,7 +202,7 @@ async def test_steps_at_risk_is_in_tensorboard_and_in_the_heartbeat(
     logdir: str, tmp_path: Path
 ) -> None:
     pair = Pair()
-    await train(tiered(logdir, pair, str(tmp_path / "local")), pair, 6)
+    await train(tiered(logdir, pair, str(tmp_path / "local")), 6)
     acc = EventAccumulator(logdir)
     acc.Reload()
     points = [float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("run/steps_at_risk")]
@@ -213,3 +214,64 @@ async def test_steps_at_risk_is_in_tensorboard_and_in_the_heartbeat(
     assert describe_at_risk(dataclasses.replace(beat, steps_at_risk=12)) == (
         f"12 steps at risk: committed on {beat.host}, not yet in the logdir"
     )
+
+
+@pytest.mark.asyncio
+async def test_a_restore_takes_the_logdir_when_another_host_went_further(
+    logdir: str, tmp_path: Path
+) -> None:
+    """The newest commit of either tier: this host's local tier is behind the logdir,
+    which another host's run carried on."""
+    here, there = str(tmp_path / "here"), str(tmp_path / "there")
+    await train(tiered(logdir, Pair(), here), 4)
+    report = await train(tiered(logdir, Pair(), there), 9)  # another host
+    assert (report.step, report.tier) == (4, "store")
+    back = Pair()
+    report = await train(tiered(logdir, back, here), 10)
+    assert (report.step, report.tier) == (9, "store")  # not this host's older step 4
+    assert float(back.a.numpy()) == 10.0
+
+
+@pytest.mark.asyncio
+async def test_a_rollback_with_a_local_tier_goes_back_in_both_tiers(
+    logdir: str, tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    from tests.test_rollback import Line, regression
+
+    local = str(tmp_path / "local")
+
+    def supervisor(line: Line) -> asv.Supervisor:
+        return asv.Supervisor(
+            logdir,
+            checkpoint={"line": line},
+            save_model_secs=0,
+            save_summaries_secs=0,
+            on_divergence=asv.Rollback(skip=1),
+            handle_signals=False,
+            local_tier=asv.LocalTier(local, save_secs=None, save_steps=3),
+        )
+
+    def data(epoch: int) -> tf.data.Dataset:
+        return regression(poisoned={7} if epoch == 0 else set())
+
+    line = Line()
+    sv = supervisor(line)
+    async with sv.session() as sess:
+        await sess.train(line.step, data, epochs=2)
+    assert sess.outcome is asv.Outcome.DONE
+    (back,) = named(events, "checkpoint.rolled_back")
+    history = read_history(Store(logdir))
+    (rollback,) = history.divergences()  # recorded in the logdir's history, the record
+    assert history.commit(rollback.to) is not None
+    assert back["step"] == history.commit(rollback.to).step  # type: ignore[union-attr]
+    abandoned = {c.name for c in history.abandoned()}
+    here = LocalTier(local).tier_dir(logdir)
+    local_line = [c.name for c in read_history(Store(here)).line()]
+    assert not abandoned & set(local_line)  # the local tier went back too
+    head = history.head_commit()
+    assert head is not None and head.healthy and head.name == local_line[0]
+
+    again = Line()
+    async with supervisor(again).session() as sess:
+        assert (sess.restore_report.step, sess.restore_report.tier) == (head.step, "local")
+    assert float(again.w.numpy()) == float(line.w.numpy())
