@@ -93,7 +93,7 @@ def trainer_args(local: str, *more: str) -> list[str]:
     ]
 
 
-def test_killed_in_a_local_save_then_between_a_commit_and_its_copy_it_resumes_locally(
+def test_killed_in_a_local_save_between_a_commit_and_its_copy_and_in_a_copy_it_resumes_whole(
     gcs: FakeGcs, tmp_path: Path
 ) -> None:
     where, local = gcs.new_path(), str(tmp_path / "local")
@@ -126,26 +126,14 @@ def test_killed_in_a_local_save_then_between_a_commit_and_its_copy_it_resumes_lo
     assert gcs.stored(f"{where}/model.ckpt-{ahead}.index") is None
 
     # 4. The same host again: that commit is restored from the local tier, and the
-    # mirror copies it into the logdir, which the run ends with.
+    # mirror goes on with what the logdir lacks: it copies it.
     released(where)
-    run = Trainer(where, *args, "--max-steps", str(ahead))
+    run = Trainer(where, *args)
     assert run.wait_restored() == ahead
     assert tier_of(run) == "local"
-    assert run.proc.wait(WAIT_SECS) == 0, run.stderr_text()[-3000:]
-    assert remote_head(gcs, where) == ahead
-    count, problems = checkpoint_problems(where)
-    assert count >= 1 and problems == []
-    assert uncommitted_left(where) == []
+    until(lambda: (remote_head(gcs, where) or 0) >= ahead, "the copy of the restored commit")
 
-
-def test_killed_during_a_copy_a_new_host_restores_the_last_whole_copy_and_no_part_stays(
-    gcs: FakeGcs, tmp_path: Path
-) -> None:
-    where, local = gcs.new_path(), str(tmp_path / "local")
-    args = trainer_args(local, "--megabytes", "4")
-    run = Trainer(where, *args)
-    until(lambda: remote_head(gcs, where) is not None, "a first copy", poll=0.05)
-    # The mirror's upload of a newer checkpoint's data has begun (the store saw it).
+    # 5. SIGKILL during a copy: the mirror's upload of a newer checkpoint has begun.
     prefix = where.removeprefix(f"gs://{where.split('/')[2]}/").replace("/", "%2F")
     upload = re.compile(re.escape(prefix) + r"%2Fmodel\.ckpt-(\d+)\.data-")
     seen = len(gcs.requests_seen())
@@ -160,12 +148,11 @@ def test_killed_during_a_copy_a_new_host_restores_the_last_whole_copy_and_no_par
     with gcs.slow(0.05):
         until(uploading, "an upload of the mirror's", poll=0.005)
         run.kill()
-    copied_last = remote_head(gcs, where)
-    cut = max(found)
+    copied_last, cut = remote_head(gcs, where), max(found)
     assert copied_last is not None and cut > copied_last
     assert gcs.stored(f"{where}/model.ckpt-{cut}.index") is None  # the case under test
 
-    # A new host: its local tier is empty. The last whole copy is restored, never the
+    # 6. A new host: its local tier is empty. The last whole copy is restored, never the
     # half-copied one, and what the copy left is removed.
     shutil.rmtree(local)
     released(where)
