@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .stopping import StopFlag
 
 WATCH = ("divergence", "loss_watch")  # the kept state's kind and key of the loss window
+MIRROR_SETTLE_SECS = 60.0  # a rollback waits this long at most for the mirror
 
 
 class SessionCheckpoints:
@@ -270,6 +271,10 @@ class SessionCheckpoints:
             raise DivergedError(f"{what}, and no checkpoint is there to roll back to")
         checkpointer.wait_for_write()
         self.saves_done(hooks=False)
+        # With a local tier the logdir's history decides where to go back to: it must
+        # hold what was committed locally first (bounded; what is not copied by then is
+        # not a target, and is abandoned with the rest).
+        checkpointer.settle_mirror(MIRROR_SETTLE_SECS)
         catalog = checkpointer.catalog
         done = catalog.history.divergences()
         if len(done) >= policy.max_rollbacks:
@@ -282,7 +287,7 @@ class SessionCheckpoints:
         target = self._restore_target(checkpointer, diverged - policy.lookback)
         if target is None:
             raise DivergedError(f"{what}, and no healthy checkpoint is there to roll back to")
-        path = checkpointer.store.path(target.name)
+        path = checkpointer.path_of(target.name)
         self._restored(checkpointer, path)
         restored = self.step.value
         dropped, moved = 0, None
@@ -291,6 +296,7 @@ class SessionCheckpoints:
             self.position.go_to(*moved)
             dropped = max(0, diverged - restored) + policy.skip
         self.stepper.recovered()
+        checkpointer.rolled_back(target.name)  # the local tier's history goes back too
         catalog.roll_back(  # with the moved position: a restart before the branch commit
             target.seq,
             kind="divergence",
@@ -329,8 +335,8 @@ class SessionCheckpoints:
             if target is None:
                 return None
             tried.add(target.seq)
-            path = checkpointer.store.path(target.name)
-            problem = checkpoint_problem(checkpointer.store, path)
+            path = checkpointer.path_of(target.name)
+            problem = checkpoint_problem(checkpointer.store_of(path), path)
             if problem is not None:
                 log.warning("checkpoint.fallback", skipped=path, reason=problem)
                 continue
@@ -348,7 +354,7 @@ class SessionCheckpoints:
         if self.deferred is None or self.checkpointer is None:
             return
         (path, _), self.deferred = self.deferred, None
-        left = unrestored(self.checkpointer.restorer.take_restore_status())
+        left = unrestored(self.checkpointer.last_restorer.take_restore_status())
         if left is not None:
             raise CheckpointMismatchError(
                 f"checkpoint {path} was not fully restored: after the first step no object "
