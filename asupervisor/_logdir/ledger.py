@@ -99,6 +99,7 @@ class SessionRecord:
     pid: int | None = None
     attempt: int | None = None
     run: str | None = None  # the `asupervisor run` it was started by (ASUPERVISOR_RUN)
+    worker: str | None = None  # its task in a multi-worker job ("worker:0"), if in one
     started: str | None = None
     restored_step: int | None = None
     source: str | None = None

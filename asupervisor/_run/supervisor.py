@@ -23,8 +23,8 @@ together, with a restart budget that this run's progress refills. The parts:
 - **What is restarted.** A child's exit status says how its training ended
   (``asv.Outcome``): done (0), preempted (42), a failure that cannot be fixed by
   retrying (78), interrupted (130) are passed on; a failure (1, or a death by a
-  signal), a store out of reach (69) or a stuck run (124, or a heartbeat past its
-  deadline) is restarted.
+  signal), a store out of reach (69), a worker that lost its peer (75) or a stuck run
+  (124, or a heartbeat past its deadline) is restarted.
 - **Bounded.** A stop (SIGTERM, SIGINT, SIGUSR1 to the supervisor) is sent to each child
   as ``stop_signal``; a child still running ``grace_secs`` later is killed. A second
   SIGINT kills at once. Every child runs in a process group of its own, killed whole
