@@ -64,7 +64,7 @@ def record(logdir: str, lines: list[dict[str, Any]]) -> None:
     """Append the ``lines`` whose session has no end in the ledger (blocking I/O: run it
     in a worker thread)."""
     store = Store(logdir)
-    ended = {r["session"] for r in _ledger.read(store) if r.get("ended") is not None}
+    ended = {r.get("session") for r in _ledger.read(store) if r.get("ended") is not None}
     for line in lines:
         if line["session"] not in ended:
             _ledger.append(store, line)

@@ -54,18 +54,22 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import anyio
 import anyio.abc
 
 from .._logdir import channel as _channel
+from .._logdir import groups as _groups
 from .._logdir import heartbeat as _heartbeat
+from .._logdir import ledger as _ledger
+from .._logdir.groups import GroupAttempt
 from .._logdir.store import Store
 from .._outcome import Outcome
 from . import ends as _ends
 from . import report as _report
-from .attempt import Attempt, AttemptResult, Child, Control, Limits
+from .attempt import Attempt, AttemptResult, Child, Control, Limits, StopCause
 from .budget import GiveUp, RestartBudget, restartable
 from .group import Restarts, StatusMap, membership
 from .process import Proc, adopt, spawn
@@ -73,6 +77,7 @@ from .progress import recorded
 from .slurm import (
     MemberEnd,
     SlurmError,
+    cause_rank,
     group_status,
     member_prefix,
     step_of,
@@ -266,14 +271,18 @@ class ProcessSupervisor:
             return
         run, attempt = self._outer
         last = self.history[-1] if self.history else None
+        worker = last.ends[0] if last and last.ends else None
         procid = os.environ.get("SLURM_PROCID", "0")
         end = MemberEnd(
             rank=int(procid) if procid.isdigit() else 0,
-            host=socket.gethostname(),
+            host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             status=status,
             stopped=bool(last and last.stop_requested),
             why=last.worst.how if last and last.ends else "it could not start its worker",
             at=time.time(),
+            session=None if worker is None else worker.session,
+            step=None if worker is None else worker.reached_step,
+            pid=None if worker is None else worker.pid,
         )
         name = member_prefix(run, attempt) + str(end.rank)
         # Shielded from the run's own end, bounded by its deadline (the shield inside would
@@ -321,9 +330,91 @@ class ProcessSupervisor:
                 status=describe_status(end.status), stopped=end.stopped, how=end.why,
             )  # fmt: skip
         self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
+        await self._record_group(self._step_group(result.number, ends, tasks, status, cause))
         decided = dataclasses.replace(step, status=status)
         first = decided if result.first_failure is not None else None
         return dataclasses.replace(result, ends=(decided,), first_failure=first)
+
+    def _step_group(
+        self, number: int, ends: list[MemberEnd], tasks: int, status: int, cause: str
+    ) -> GroupAttempt:
+        """--slurm's outer run: the step's attempt as the ledger's group line, from its
+        tasks' recorded ends (a task that left none: its node or its run was lost)."""
+        first = cause_rank(ends, tasks, status)
+        by_rank = {e.rank: e for e in ends}
+        workers = []
+        for rank in range(tasks):
+            e = by_rank.get(rank)
+            if e is None:
+                workers.append(
+                    _groups.WorkerEnd(rank, "?", 1, _LEFT_NO_END, False, first=rank == first)
+                )
+                continue
+            workers.append(
+                _groups.WorkerEnd(
+                    rank=rank,
+                    host=e.host,
+                    status=e.status,
+                    how=e.why,
+                    stopped=e.stopped,
+                    first=rank == first,
+                    ended=_iso(e.at),
+                    pid=e.pid,
+                    session=e.session,
+                    step=e.step,
+                )
+            )
+        return self._group(number, status, cause, workers)
+
+    def _host_group(self, result: AttemptResult) -> GroupAttempt:
+        """--workers N on this host: the attempt as the ledger's group line."""
+        first = result.first_failure
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        workers = [
+            _groups.WorkerEnd(
+                rank=end.rank,
+                host=host,
+                status=end.status,
+                how=end.how,
+                stopped=end.stop in (StopCause.PEER, StopCause.REQUESTED),
+                first=first is not None and end.rank == first.rank,
+                ended=_iso(end.ended_at),
+                pid=end.pid,
+                session=end.session,
+                step=end.reached_step,
+            )
+            for end in result.ends
+        ]
+        return self._group(result.number, result.status, result.why, workers)
+
+    def _group(
+        self, number: int, status: int, cause: str, workers: list[_groups.WorkerEnd]
+    ) -> GroupAttempt:
+        facts = _groups.engine_facts(os.environ)
+        return GroupAttempt(
+            run=self.run_id,
+            attempt=number,
+            time=_iso(time.time()),
+            status=status,
+            cause=cause,
+            workers=tuple(workers),
+            slurm_job=facts.get("slurm_job"),
+            slurm_restart=facts.get("slurm_restart"),
+        )
+
+    async def _record_group(self, group: GroupAttempt, logdir: str | None = None) -> None:
+        """The group's attempt into the ledger (``_logdir/groups``): this run started every
+        worker, so it is the one that knows how each ended. Bounded; a failure is said."""
+        logdir = logdir or self.config.logdir
+        if logdir is None:
+            return
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(
+                    _append_ledger, logdir, group.to_record(), abandon_on_cancel=True
+                )
+            except Exception as exc:  # a fact for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
 
     async def _reaped(self) -> None:
         """Wait (bounded) until every killed process was reaped: a process left to the
@@ -384,6 +475,9 @@ class ProcessSupervisor:
                 # A --slurm step's status is its tasks' recorded cause; progress, the
                 # history's (an engine's member leaves both to the engine's own run).
                 result = await self._with_history(await self._group_result(result))
+            if config.workers > 1:
+                logdir = config.logdir or next(iter(result.logdirs), None)
+                await self._record_group(self._host_group(result), logdir)
             self.history.append(result)
             self._said_exits(result)
             if member.restarts is Restarts.ENGINE and restartable(result):
@@ -587,6 +681,17 @@ class ProcessSupervisor:
             why=f"a stop may kill the child before its final checkpoint: give --grace at least "
             f"stop_grace_secs + {EXIT_SECS:g}",
         )
+
+
+_LEFT_NO_END = "left no end (its node or its run was lost)"
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _append_ledger(logdir: str, record: dict[str, Any]) -> None:
+    _ledger.append(Store(logdir), record)
 
 
 def _write_member_end(logdir: str, name: str, end: MemberEnd) -> None:

@@ -35,6 +35,7 @@ import anyio
 from .._kinds import JobKind, Phase
 from .._log import log
 from .._logdir import channel as _channel
+from .._logdir import groups as _groups
 from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
@@ -132,6 +133,7 @@ class Presence:
                 "attempt": _attempt(),
                 "run": os.environ.get(_heartbeat.ENV_RUN) or None,
                 "worker": None if role is None else role.name,
+                **_groups.engine_facts(os.environ),  # SLURM's job, restart count, node
                 "restored_step": report.step,
                 "source": report.source.value,
                 "restored_from": report.path,
