@@ -299,13 +299,13 @@ def group_lines(groups: list[GroupAttempt], every: bool = False) -> list[str]:
             ]
             rows.append(row)
     header = ["attempt", *(["job.restart"] if slurm else []), "worker", "host", "ended (UTC)"]
-    header += ["step", "exit", "how (stopped: with the group)"]
+    header += ["step", "exit", "how"]
     right = {0, 1 + slurm, 4 + slurm}  # attempt, worker, step
     lines = ["", f"group attempts ({count}; from {_ledger.NAME}):"]
     lines += _indented(columns(header, rows, right=right))
     lines += _prose(
-        "*: the first worker to fail in its attempt, the cause of its end (the others were "
-        "stopped with the group, or lost it as their peer); times are each host's clock",
+        "*: the first worker to fail in its attempt, the cause of its end; stopped: stopped "
+        "with the group, not a cause; times are each host's clock",
         "  ",
     )
     return lines

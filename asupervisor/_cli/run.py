@@ -451,6 +451,7 @@ def _heartbeat_path(target: str) -> str:
             if target.endswith("/" + _heartbeat.NAME)
             else Store(target).path(_heartbeat.NAME)
         )
+    target = _heartbeat.local_path(target)  # {host}: this host's file (ASUPERVISOR_HEARTBEAT)
     return os.path.join(target, _heartbeat.NAME) if os.path.isdir(target) else target
 
 

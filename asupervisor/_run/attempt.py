@@ -189,6 +189,7 @@ class Child:
             tail=tuple(self.proc.tail),
             logdirs=tuple(heard.logdirs),
             session=None if heard.beat is None else heard.beat.session,
+            chief=heard.beat is not None and heard.beat.chief,
         )
 
 
@@ -240,6 +241,7 @@ class ChildEnd:
     tail: tuple[str, ...] = ()
     logdirs: tuple[str, ...] = ()  # where its chief sessions commit, as they said
     session: str | None = None  # the session of its last beat
+    chief: bool = False  # that session was the chief's (it writes the logdir's ledger)
 
     @property
     def ended_at(self) -> float:

@@ -21,6 +21,7 @@ from typing import Any
 from .._logdir import ledger as _ledger
 from .._logdir.store import Store
 from .attempt import Child
+from .slurm import MemberEnd
 from .statuses import shell_status
 
 
@@ -52,6 +53,23 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
             }
         )
     return lines
+
+
+def member_line(end: MemberEnd) -> dict[str, Any]:
+    """The end line of a task's worker session as its recorded end tells it (a task of a
+    ``--slurm`` step, whose run may have been killed with it: the outer run writes it)."""
+    return {
+        "event": "end_seen",
+        "session": end.session,
+        "time": _iso(time.time()),
+        "ended": _iso(end.at),
+        "host": end.host,
+        "pid": end.pid,
+        "exit_status": end.status,
+        "step": end.step,
+        "reason": end.why,
+        "recorded_by": "runner",
+    }
 
 
 def _reason(child: Child) -> str:

@@ -201,6 +201,7 @@ class MemberEnd:
     session: str | None = None
     step: int | None = None
     pid: int | None = None
+    chief: bool = False  # its worker's session was the chief's (whose end the ledger keeps)
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__).encode()
@@ -212,7 +213,7 @@ class MemberEnd:
             rank=int(found["rank"]), host=str(found["host"]), status=int(found["status"]),
             stopped=bool(found["stopped"]), why=str(found["why"]), at=float(found["at"]),
             session=_optional(found.get("session"), str), step=_optional(found.get("step"), int),
-            pid=_optional(found.get("pid"), int),
+            pid=_optional(found.get("pid"), int), chief=found.get("chief") is True,
         )  # fmt: skip
 
 

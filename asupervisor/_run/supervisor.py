@@ -202,6 +202,9 @@ class ProcessSupervisor:
         self._control: Control | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._standby: Standby | None = None
+        self._attempt: Attempt | None = None  # the newest attempt
+        self._member_ended = False  # a member: its end's record is being written
+        self._member_lock = anyio.Lock()  # one write of its record at a time
         self._member = membership(config.restarts, os.environ, config.workers)
         # One task of a job an outer `asupervisor run` restarts (its --slurm step): the outer
         # run's identity, which this run's children record their commits with.
@@ -266,34 +269,84 @@ class ProcessSupervisor:
     async def _record_member_end(self, status: int) -> None:
         """One task of an outer run's step: its end, as a fact in the logdir for the
         outer run to read (the step's own status hides which task was the cause)."""
+        last = self.history[-1] if self.history else None
+        worker = last.ends[0] if last and last.ends else None
+        self._member_ended = True  # a record of its stop, still to come, is not written
+        await self._put_member(
+            self._member_record(
+                status,
+                stopped=bool(last and last.stop_requested),
+                why=last.worst.how if last and last.ends else "it could not start its worker",
+                session=None if worker is None else worker.session,
+                step=None if worker is None else worker.reached_step,
+                pid=None if worker is None else worker.pid,
+                chief=worker is not None and worker.chief,
+            )
+        )
+
+    async def _record_member_stopping(self) -> None:
+        """One task of an outer run's step, as the step's stop reaches it: a record of
+        its end already, which its real end replaces. SLURM kills a task that has not
+        ended ``KillWait`` seconds after the step's stop, its run too: then this record
+        is what the outer run reads (its node, its worker's last session and step)."""
+        children = [] if self._attempt is None else self._attempt.children
+        beat = children[0].proc.heard.beat if children else None
+        stopping = self._member_record(
+            128 + signal.SIGKILL,  # what SLURM's kill leaves
+            stopped=True,
+            why="killed before its end was recorded (after the step's stop)",
+            session=None if beat is None else beat.session,
+            step=None if beat is None else beat.step,
+            pid=children[0].proc.pid if children else None,
+            chief=beat is not None and beat.chief,
+        )
+        await self._put_member(stopping, stopping=True)
+
+    def _member_record(
+        self,
+        status: int,
+        *,
+        stopped: bool,
+        why: str,
+        session: str | None,
+        step: int | None,
+        pid: int | None,
+        chief: bool,
+    ) -> MemberEnd:
+        procid = os.environ.get("SLURM_PROCID", "0")
+        return MemberEnd(
+            rank=int(procid) if procid.isdigit() else 0,
+            host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            status=status,
+            stopped=stopped,
+            why=why,
+            at=time.time(),
+            session=session,
+            step=step,
+            pid=pid,
+            chief=chief,
+        )
+
+    async def _put_member(self, end: MemberEnd, stopping: bool = False) -> None:
+        """Write (or replace) this task's record, one write at a time: the record of its
+        stop (``stopping``) never replaces its end's."""
         logdir = self.config.logdir
         if self._outer is None or not logdir:
             return
         run, attempt = self._outer
-        last = self.history[-1] if self.history else None
-        worker = last.ends[0] if last and last.ends else None
-        procid = os.environ.get("SLURM_PROCID", "0")
-        end = MemberEnd(
-            rank=int(procid) if procid.isdigit() else 0,
-            host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-            status=status,
-            stopped=bool(last and last.stop_requested),
-            why=last.worst.how if last and last.ends else "it could not start its worker",
-            at=time.time(),
-            session=None if worker is None else worker.session,
-            step=None if worker is None else worker.reached_step,
-            pid=None if worker is None else worker.pid,
-        )
         name = member_prefix(run, attempt) + str(end.rank)
-        # Shielded from the run's own end, bounded by its deadline (the shield inside would
-        # hold the deadline off too).
-        with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
-            try:
-                await anyio.to_thread.run_sync(
-                    _write_member_end, logdir, name, end, abandon_on_cancel=True
-                )
-            except Exception as exc:  # said, never a reason to fail the end
-                self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
+        async with self._member_lock:
+            if stopping and self._member_ended:
+                return
+            # Shielded from the run's own end, bounded by its deadline (the shield inside
+            # would hold the deadline off too).
+            with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
+                try:
+                    await anyio.to_thread.run_sync(
+                        _write_member_end, logdir, name, end, abandon_on_cancel=True
+                    )
+                except Exception as exc:  # said, never a reason to fail the end
+                    self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
 
     async def _group_result(self, result: AttemptResult) -> AttemptResult:
         """--slurm's outer run: the step's status decided from its tasks' recorded ends."""
@@ -331,6 +384,7 @@ class ProcessSupervisor:
             )  # fmt: skip
         self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
         await self._record_group(self._step_group(result.number, ends, tasks, status, cause))
+        await self._record_killed_chief(ends)
         decided = dataclasses.replace(step, status=status)
         first = decided if result.first_failure is not None else None
         return dataclasses.replace(result, ends=(decided,), first_failure=first)
@@ -365,6 +419,20 @@ class ProcessSupervisor:
                 )
             )
         return self._group(number, status, cause, workers)
+
+    async def _record_killed_chief(self, ends: list[MemberEnd]) -> None:
+        """--slurm's outer run: the end of a chief session whose task was killed before it
+        could record it (``_record_member_stopping``), into the ledger as the runner's
+        (``_run/ends``); a session's own end, when there is one, is kept."""
+        logdir = self.config.logdir
+        lines = [_ends.member_line(e) for e in ends if e.chief and e.session]
+        if not lines or logdir is None:
+            return
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(_ends.record, logdir, lines, abandon_on_cancel=True)
+            except Exception as exc:  # a figure for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
 
     def _host_group(self, result: AttemptResult) -> GroupAttempt:
         """--workers N on this host: the attempt as the ledger's group line."""
@@ -442,6 +510,8 @@ class ProcessSupervisor:
                     continue
                 control.stop_requested.set()
                 control.changed()
+                if self._outer is not None and self._tg is not None:
+                    self._tg.start_soon(self._record_member_stopping)
                 self.say(
                     "run.stopping",
                     signal=name,
@@ -469,6 +539,7 @@ class ProcessSupervisor:
         while not control.stop_requested.is_set():
             number += 1
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
+            self._attempt = attempt
             result = await attempt.monitor()
             await self._record_ends(attempt.children, result.logdirs)
             if member.restarts is not Restarts.ENGINE:

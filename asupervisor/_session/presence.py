@@ -71,14 +71,15 @@ class Presence:
         self._rt = rt
         sv = rt.sv
         self.session_id = uuid.uuid4().hex[:12]
-        self.env_path = os.environ.get(_heartbeat.ENV_FILE) or None
+        self._host = socket.gethostname()
+        named = os.environ.get(_heartbeat.ENV_FILE) or None
+        self.env_path = None if named is None else _heartbeat.local_path(named, self._host)
         self.channel = _channel.sender()
         # heartbeat_secs=0 turns the heartbeat files off. The runner's channel is memory,
         # not a write, and the runner judges liveness by the beats on it: they go on.
         self.writes_beats = sv.heartbeat_secs > 0
         self.interval = sv.heartbeat_secs or (CHANNEL_BEAT_SECS if self.channel else 0.0)
         self._store = Store(sv.logdir) if sv.logdir is not None and sv.is_chief else None
-        self._host = socket.gethostname()
         self._started_at = time.time()
         self._seen: tuple[int, float] | None = None  # (step, when it was first seen)
         self._pending: list[dict[str, Any]] = []  # ledger lines not written yet
