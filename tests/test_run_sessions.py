@@ -247,6 +247,13 @@ def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path)
     ledger = _ledger.sessions(_ledger.read(Store(str(logdir))))
     first = next(s for s in ledger if s.attempt == 1)
     assert (first.outcome, first.exit_status, first.worker) == ("lost_peer", 75, "worker:0")
+    # The runner started both workers: the ledger has how each ended, and the first to fail.
+    from asupervisor._logdir.groups import groups
+
+    group = groups(_ledger.read(Store(str(logdir))))[0]
+    ended = sorted((w.rank, w.status, w.first) for w in group.workers)
+    assert ended == [(0, 75, False), (1, 137, True)], group
+    assert group.workers[0].session == first.session
     again = matches(run.lines, r"attempt 2 worker (\d) .* restored (\d+) w (\d+)")
     assert sorted(m[1] for m in again) == ["0", "1"], run.output
     (restored,) = {(m[2], m[3]) for m in again}  # both from one checkpoint, its values too
