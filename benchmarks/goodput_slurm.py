@@ -12,11 +12,12 @@ script (``scancel --batch --signal=USR1``: the agreed final save, exit 42, SLURM
 requeue). Times are from the batch script's first start (the queue wait before it is not
 the job's). What each fault cost is split as on one host (``goodput.fault_costs``):
 ``notice`` runs from the fault to the next worker process's start, and holds the engine's
-restart of the step: the failed task's end, srun's end of the step, the outer run's new
-step, the standby's fork (and for the notice the final save, the exit, SLURM's requeue
-and the batch script's new start). A requeued job has no standby yet: its floor holds a
-cold start, measured in the fault-free run from the batch script's start to the first
-worker's imports.
+restart of the step: the failed task's end, srun's end of the step (the tasks it stopped,
+killed after ``KillWait``), the outer run's new step, its tasks' standbys importing
+TensorFlow again and forking (and for the notice the final save, the exit, SLURM's
+requeue and the batch script's new start). Each fault's floor holds a cold start of the
+job (every restart is a new step, with new processes on every node), measured in the
+fault-free run from the batch script's start to the first worker's imports.
 """
 
 from __future__ import annotations
@@ -68,8 +69,8 @@ def submit(workdir: str, args: argparse.Namespace, env: dict[str, str]) -> str:
         f"exec {' '.join(run)}\n"
     )
     done = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--requeue", "-o", os.path.join(workdir, "job.log"),
-         str(batch)],
+        ["sbatch", "--parsable", "-N2", "--requeue", "--open-mode=append", "-o",
+         os.path.join(workdir, "job.log"), str(batch)],
         env=env, capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     return done.stdout.strip().split(";")[0]
@@ -153,12 +154,26 @@ def run(
         result.speed = g.training_speed(workdir)
         if began is not None:
             result.cold_start = g.cold_start(workdir, began)
-            result.costs = g.fault_costs("asv-slurm", delivered, workdir, began, cold, args)
+            costs = g.fault_costs("asv-slurm", delivered, workdir, began, cold, args)
+            result.costs = [with_step_restart(row, cold) for row in costs]
         kept = os.path.join(keep, f"slurm-{'faults' if schedule else 'clean'}.log")
         with contextlib.suppress(OSError):
             shutil.copy(os.path.join(workdir, "job.log"), kept)
         shutil.rmtree(workdir, ignore_errors=True)
     return result
+
+
+def with_step_restart(row: dict[str, object], cold: float | None) -> dict[str, object]:
+    """A fault's row with the engine's restart of the step in its floor: every restart is
+    a new step, new processes on every node (a new standby: TensorFlow imported again),
+    which costs at least a cold start of the job, measured in its fault-free run (the
+    notice's floor holds one already)."""
+    floor, over = row.get("floor s"), row.get("over floor s")
+    if row["fault"] == "preempt" or cold is None:
+        return row
+    if not isinstance(floor, float) or not isinstance(over, float):
+        return row
+    return row | {"floor s": round(floor + cold, 2), "over floor s": round(over - cold, 2)}
 
 
 def deliver(kind: str, pid: int, job: str, env: dict[str, str]) -> None:
