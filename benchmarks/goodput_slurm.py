@@ -36,6 +36,8 @@ from pathlib import Path
 import goodput as g
 
 SCANCEL_SECS = 30.0
+SLURM_STUCK_AFTER = 20.0  # --stuck-after at least this (a hang's floor holds it)
+SLURM_STALL_SECS = 240.0  # a run cut for no step at least this long after the last
 
 
 def cluster_env() -> dict[str, str]:
@@ -91,7 +93,7 @@ def job_over(job: str, env: dict[str, str]) -> bool:
     state = dict(w.split("=", 1) for w in shown.split() if "=" in w)
     ended = state.get("JobState") in ("COMPLETED", "FAILED", "CANCELLED", "TIMEOUT")
     requeuing = state.get("ExitCode", "").startswith("42:") and state.get("Requeue") == "1"
-    return (ended and not requeuing) or not shown
+    return ended and not requeuing  # no answer (a busy controller): not over
 
 
 def run(
@@ -188,6 +190,10 @@ def deliver(kind: str, pid: int, job: str, env: dict[str, str]) -> None:
 
 def main(args: argparse.Namespace) -> None:
     env = cluster_env()
+    # Two workers on nodes that share two cores with everything else: a step of the job
+    # that waits for its peer's takes longer than one process's; a restart is a cold start.
+    args.stuck_after = max(args.stuck_after, SLURM_STUCK_AFTER)
+    args.stall_secs = max(args.stall_secs, SLURM_STALL_SECS)
     keep = args.logs or tempfile.mkdtemp(prefix="goodput-slurm-logs-")
     os.makedirs(keep, exist_ok=True)
     clean = run([], 10**6, args, keep, env)
