@@ -4,9 +4,10 @@ two-node SLURM cluster, one two-worker MultiWorkerMirroredStrategy job under
 requeues the job).
 
 The cluster is the test suite's (``tests/slurm_cluster.py``): ``ASV_SLURM_DIR`` names a
-running one, as the tests use it. The same trainer as on one host (``goodput_trainer.py
-asv-mw``: the same model and global batch, split between the two workers) runs once
-without faults and once under the same seeded schedule: three SIGKILLs, one step that
+running one, as the tests use it; without it one is brought up for the benchmark. The
+same trainer as on one host (``goodput_trainer.py asv-mw``: the same model and global
+batch, split between the two workers) runs once without faults and once under the same
+seeded schedule: three SIGKILLs, one step that
 raises, one hang, each to the worker on the second node, and one notice to the batch
 script (``scancel --batch --signal=USR1``: the agreed final save, exit 42, SLURM's
 requeue). Times are from the batch script's first start (the queue wait before it is not
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import goodput as g
@@ -40,18 +42,27 @@ SLURM_STUCK_AFTER = 20.0  # --stuck-after at least this (a hang's floor holds it
 SLURM_STALL_SECS = 240.0  # a run cut for no step at least this long after the last
 
 
-def cluster_env() -> dict[str, str]:
-    """The environment SLURM's commands need for the cluster ``ASV_SLURM_DIR`` names."""
+@contextlib.contextmanager
+def cluster_env() -> Iterator[dict[str, str]]:
+    """The environment SLURM's commands need: for the cluster ``ASV_SLURM_DIR`` names (a
+    running one, left running), else for one brought up for the benchmark and ended
+    after it (the test suite's script: root and Debian's ``slurm-wlm`` and ``munge``)."""
     sys.path.insert(0, str(g.ROOT))
     from tests import slurm_cluster
 
     place = os.environ.get(slurm_cluster.SHARED_ENV)
-    if not place:
-        raise SystemExit(
-            f"--slurm needs a running cluster: {slurm_cluster.SHARED_ENV}=DIR (python -m "
-            "tests.slurm_cluster up DIR)"
-        )
-    return {**slurm_cluster.Cluster(Path(place)).env, "PYTHONPATH": str(g.ROOT)}
+    if place:
+        yield {**slurm_cluster.Cluster(Path(place)).env, "PYTHONPATH": str(g.ROOT)}
+        return
+    why = slurm_cluster.unavailable()
+    if why:
+        raise SystemExit(f"--slurm: no SLURM cluster can run here: {why}")
+    cluster = slurm_cluster.Cluster(Path(tempfile.mkdtemp(prefix="goodput-slurm-cluster-")))
+    cluster.up()
+    try:
+        yield {**cluster.env, "PYTHONPATH": str(g.ROOT)}
+    finally:
+        cluster.down()
 
 
 def submit(workdir: str, args: argparse.Namespace, env: dict[str, str]) -> str:
@@ -189,7 +200,11 @@ def deliver(kind: str, pid: int, job: str, env: dict[str, str]) -> None:
 
 
 def main(args: argparse.Namespace) -> None:
-    env = cluster_env()
+    with cluster_env() as env:
+        measure(args, env)
+
+
+def measure(args: argparse.Namespace, env: dict[str, str]) -> None:
     # Two workers on nodes that share two cores with everything else: a step of the job
     # that waits for its peer's takes longer than one process's; a restart is a cold start.
     args.stuck_after = max(args.stuck_after, SLURM_STUCK_AFTER)
