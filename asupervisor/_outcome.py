@@ -70,8 +70,8 @@ class Outcome(enum.Enum):
     """A clean stop asked for by a signal before the run was done. The final checkpoint
     is on disk; run the same command again to go on."""
     FAILED = "failed"
-    """An error a new attempt may not meet again (an I/O error, a lost worker, an error
-    of unknown kind). Steps since the last checkpoint were not saved."""
+    """An error a new attempt may not meet again (an I/O error, an error of unknown
+    kind). Steps since the last checkpoint were not saved."""
     FAILED_PERMANENTLY = "failed_permanently"
     """An error a new attempt meets again: bad configuration or input, a checkpoint that
     does not fit the model, a NaN loss. Retrying cannot help."""
@@ -80,6 +80,11 @@ class Outcome(enum.Enum):
     UNREACHABLE = "unreachable"
     """The logdir's object store could not be reached, or refused the credentials found
     (``StoreUnreachableError``). Nothing ran; a new attempt may find it back."""
+    LOST_PEER = "lost_peer"
+    """A worker of a multi-worker job lost a peer: a collective, or the job's coordination
+    service, failed because another worker (or its host) is gone. This worker did nothing
+    wrong; the job must be started again as a whole. Steps since the last checkpoint were
+    not saved (a final save needs every worker)."""
     INTERRUPTED = "interrupted"
     """Stopped at once (a second SIGINT, or a cancellation from outside the session):
     no final checkpoint."""
@@ -99,6 +104,11 @@ _EXIT_STATUS = {
     Outcome.FAILED_PERMANENTLY: 78,  # EX_CONFIG (sysexits.h): configuration error
     Outcome.STUCK: 124,  # what timeout(1) exits with when it ends a command
     Outcome.UNREACHABLE: 69,  # EX_UNAVAILABLE (sysexits.h): a service is unavailable
+    # EX_TEMPFAIL (sysexits.h): a temporary failure, to be retried. Its own number, not
+    # 1: an engine (or the runner of a SLURM step) tells the worker that lost its peer from
+    # the one that failed first, which is the cause. Not a status a shell, a signal (128+N),
+    # Python (1, 2) or timeout(1) gives, nor one TFJob retries (it is mapped to one).
+    Outcome.LOST_PEER: 75,
     Outcome.INTERRUPTED: 130,  # 128 + SIGINT, as a shell reports Ctrl-C
 }
 
@@ -141,16 +151,35 @@ def exit_status_of(outcome: Outcome, raised: BaseException | None = None) -> int
     return _EXIT_STATUS[outcome]
 
 
-def outcome_of(error: BaseException) -> Outcome:
+def outcome_of(error: BaseException, in_group: bool = False) -> Outcome:
     """What an error that ends a run means: the outcome it carries (``GracePeriodExpired``,
-    ``StepTimeout``: stuck), an interrupt or a cancellation (interrupted), an error a
-    retry meets again (failed permanently), or any other failure."""
+    ``StepTimeout``: stuck), an interrupt or a cancellation (interrupted), in a worker of
+    a multi-worker job (``in_group``) a collective's error that says a peer is gone (lost
+    a peer), an error a retry meets again (failed permanently), or any other failure."""
     carried = getattr(error, "outcome", None)
     if isinstance(carried, Outcome):
         return carried
     if isinstance(error, KeyboardInterrupt) or is_cancellation(error):
         return Outcome.INTERRUPTED
+    if in_group and is_peer_loss(error):
+        return Outcome.LOST_PEER
     return Outcome.FAILED_PERMANENTLY if is_permanent(error) else Outcome.FAILED
+
+
+def is_peer_loss(error: BaseException) -> bool:
+    """Whether ``error``, raised in a worker of a multi-worker job, says that a peer is
+    gone: TensorFlow's ``UnavailableError`` (a collective, or the coordination service,
+    could not reach a worker), ``AbortedError`` (a collective aborted by a peer's failure)
+    or ``CancelledError`` (the collectives cancelled after one), also inside an exception
+    group whose every error is one. Read without importing TensorFlow: an error of its
+    can only come from a process that has."""
+    if isinstance(error, BaseExceptionGroup):
+        return bool(error.exceptions) and all(is_peer_loss(e) for e in error.exceptions)
+    tf_errors = getattr(sys.modules.get("tensorflow"), "errors", None)
+    if tf_errors is None:
+        return False
+    kinds = (tf_errors.UnavailableError, tf_errors.AbortedError, tf_errors.CancelledError)
+    return isinstance(error, kinds)
 
 
 def is_cancellation(error: BaseException) -> bool:
@@ -193,6 +222,9 @@ _SEVERITY = (
     Outcome.UNREACHABLE,
     Outcome.STUCK,
     Outcome.FAILED,
+    # After a failure: a worker that lost its peer is the consequence of another's
+    # failure, never its cause, when both are seen.
+    Outcome.LOST_PEER,
     Outcome.INTERRUPTED,
     Outcome.PREEMPTED,
     Outcome.DONE,
@@ -201,5 +233,6 @@ _SEVERITY = (
 
 def worst(outcomes: Iterable[Outcome]) -> Outcome:
     """The worst of several processes' outcomes (a job's): a failure no retry fixes, then
-    a store out of reach, stuck, failed, interrupted, preempted, done. ``ValueError`` for none."""
+    a store out of reach, stuck, failed, lost a peer, interrupted, preempted, done.
+    ``ValueError`` for none."""
     return min(outcomes, key=_SEVERITY.index)

@@ -25,11 +25,11 @@ from ._outcome import Outcome
 EPILOG = """\
 examples:
   asupervisor inspect runs/digits          the run for people: summary first, 100 columns
-  asupervisor inspect runs/digits --all    every session, restart and commit too
+  asupervisor inspect runs/digits --all    every session, restart, attempt and commit
   asupervisor inspect runs/digits --json   everything, for scripts (jq, monitoring)
 
-exit status: 0 when the logdir was read, 1 when it holds no checkpoints and no
-events files, 2 for a missing logdir or bad arguments, 69 when the logdir's object
+exit status: 0 when the logdir was read, 1 when it holds no checkpoints, no events
+files and no ledger, 2 for a missing logdir or bad arguments, 69 when the logdir's object
 store cannot be reached (no network, no credentials).
 """
 
@@ -90,10 +90,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         report = inspect_logdir(args.logdir, verify=args.verify)
     except Exception as exc:  # the kinds are told apart there
         return _inspect_failed(args.logdir, exc)
-    if not report.checkpoints and not report.events_files:
+    # A ledger alone is a run too: one whose attempts never saved (a crash loop, a SLURM
+    # job's failing group) is what a person most needs to read.
+    if not (report.checkpoints or report.events_files or report.sessions or report.groups):
         print(
-            f"asupervisor inspect: {shown(repr(args.logdir))} holds no checkpoints and no "
-            "events files (is it the Supervisor's logdir?)",
+            f"asupervisor inspect: {shown(repr(args.logdir))} holds no checkpoints, no "
+            "events files and no ledger (is it the Supervisor's logdir?)",
             file=sys.stderr,
         )
         return 1

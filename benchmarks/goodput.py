@@ -4,6 +4,7 @@ Keras `fit` + `BackupAndRestore`.
 
     python benchmarks/goodput.py                       # about an hour here
     python benchmarks/goodput.py --steps 4000           # a smoke run (faults too close)
+    python benchmarks/goodput.py --slurm --steps 3000   # two workers on two SLURM nodes
 
 Each system trains the same model (784-512-512-10, Adam, batch 128) until its optimizer
 has taken ``--steps`` steps, saving every ``--save-steps``, once without faults and once
@@ -148,9 +149,9 @@ def command(system: str, workdir: str, args: argparse.Namespace) -> list[str]:
     return ["bash", "-c", f"until {quoted}; do sleep 1; done"]
 
 
-def trainer_pid(workdir: str) -> tuple[int, float] | None:
+def trainer_pid(workdir: str, name: str = "pid") -> tuple[int, float] | None:
     try:
-        pid, when = Path(workdir, "pid").read_text().split()
+        pid, when = Path(workdir, name).read_text().split()
     except (OSError, ValueError):
         return None
     return int(pid), float(when)
@@ -436,7 +437,19 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=22)
     parser.add_argument("--systems", default="asv,loop,fit")
     parser.add_argument("--logs", default=None, help="keep the runs' output here")
+    parser.add_argument(
+        "--slurm",
+        action="store_true",
+        help="the faults on a two-node SLURM cluster (ASV_SLURM_DIR): a two-worker job under "
+        "asupervisor run --slurm (benchmarks/goodput_slurm.py)",
+    )
+    parser.add_argument("--slurm-workdir", default=None, help="(--slurm) where the job runs")
     args = parser.parse_args()
+    if args.slurm:
+        import goodput_slurm
+
+        goodput_slurm.main(args)
+        return
     keep = args.logs or tempfile.mkdtemp(prefix="goodput-logs-")
     os.makedirs(keep, exist_ok=True)
     systems = args.systems.split(",")

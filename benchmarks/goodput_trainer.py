@@ -5,12 +5,15 @@
 - ``asv``: ``sess.train`` under a Supervisor (meant to run under ``asupervisor run``);
 - ``loop``: a hand-written loop with ``tf.train.CheckpointManager`` (meant for a shell
   ``until`` loop);
-- ``fit``: Keras ``fit`` with ``BackupAndRestore(save_freq=S)`` (the same ``until`` loop).
+- ``fit``: Keras ``fit`` with ``BackupAndRestore(save_freq=S)`` (the same ``until`` loop);
+- ``asv-mw``: ``sess.train`` in one worker of a MultiWorkerMirroredStrategy job (its
+  ``TF_CONFIG`` from ``asupervisor run --slurm``), the same model and global batch.
 
 Each trains until the optimizer has taken ``N`` steps, saving every ``S`` steps, and
 writes ``WORKDIR/done`` when it has. Faults are injected the same way into all three:
 SIGUSR2 makes the next step raise, SIGRTMIN+1 makes the next step sleep forever (a hang).
-The trainer writes its pid into ``WORKDIR/pid`` at its first step: the harness sends its
+The trainer writes its pid into ``WORKDIR/pid`` (``pid-<rank>`` for a worker of a job)
+at its first step: the harness sends its
 faults to a process that trains. Each process also writes ``WORKDIR/start-<pid>``: when
 its script began, when its imports were done, when its state was restored (and from which
 step), and when its first step began, so that the harness can say what each fault cost.
@@ -49,7 +52,7 @@ os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("system", choices=("asv", "loop", "fit"))
+    parser.add_argument("system", choices=("asv", "loop", "fit", "asv-mw"))
     parser.add_argument("workdir")
     parser.add_argument("--steps", type=int, default=30000)
     parser.add_argument("--save-steps", type=int, default=200)
@@ -63,8 +66,9 @@ class Faults:
     from which the harness reads how fast the machine trained during the very run it
     measures, and where each process was when a fault came."""
 
-    def __init__(self, workdir: str, every: int) -> None:
+    def __init__(self, workdir: str, every: int, pid_name: str = "pid") -> None:
         self.workdir = workdir
+        self.pid_name = pid_name
         self.every = every
         self.steps = 0
         self.log = os.path.join(workdir, f"steps-{os.getpid()}")
@@ -78,7 +82,7 @@ class Faults:
             restored_at, restored_step = self.restored or (now, -1)
             with open(os.path.join(self.workdir, f"start-{os.getpid()}"), "w") as f:
                 f.write(f"{BEGUN} {imported} {restored_at} {restored_step} {now}\n")
-            path = os.path.join(self.workdir, "pid")
+            path = os.path.join(self.workdir, self.pid_name)
             with open(path + ".tmp", "w") as f:
                 f.write(f"{os.getpid()} {now}\n")
             os.replace(path + ".tmp", path)
@@ -163,6 +167,78 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
     return asv.run(main)
 
 
+def run_multiworker(args: argparse.Namespace, faults: Faults) -> int:
+    """One worker of a MultiWorkerMirroredStrategy job: the same model, its global batch
+    of 128 split between the workers, each on data of its own."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    import asupervisor as asv
+    from asupervisor.hooks import StopAtStepHook
+
+    rank = int(json.loads(os.environ["TF_CONFIG"])["task"]["index"])
+    faults.pid_name = f"pid-{rank}"
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    workers = strategy.num_replicas_in_sync
+    keras.utils.set_random_seed(0)
+    with strategy.scope():
+        model = keras.Sequential(
+            [
+                keras.Input((784,)),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(512, activation="relu"),
+                keras.layers.Dense(10),
+            ]
+        )
+        optimizer = keras.optimizers.Adam(1e-3)
+    x = tf.random.stateless_normal((8192, 784), seed=(1, 2 + rank))
+    y = tf.random.stateless_uniform((8192,), (3, 4 + rank), maxval=10, dtype=tf.int64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(128 // workers)
+    loss_fn = keras.losses.SparseCategoricalCrossentropy(from_logits=True, reduction="none")
+    faults.imported = time.time()
+
+    @tf.function
+    def step(xb: Any, yb: Any) -> Any:
+        def replica(xb: Any, yb: Any) -> Any:
+            with tf.GradientTape() as tape:
+                per_example = loss_fn(yb, model(xb, training=True))
+                loss = tf.nn.compute_average_loss(per_example, global_batch_size=128)
+            grads = tape.gradient(loss, model.trainable_variables)
+            optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        return {"loss": strategy.reduce("SUM", strategy.run(replica, args=(xb, yb)), axis=None)}
+
+    def faulty_step(xb: Any, yb: Any) -> Any:
+        faults()
+        return step(xb, yb)
+
+    async def main() -> None:
+        sv = asv.Supervisor(
+            os.path.join(args.workdir, "logdir"),
+            checkpoint={"model": model, "optimizer": optimizer},
+            global_step=optimizer.iterations,
+            strategy=strategy,
+            is_chief=None,
+            save_model_secs=0,
+            save_model_steps=args.save_steps,
+            save_summaries_secs=0,
+            max_to_keep=3,
+            stop_grace_secs=10,
+            heartbeat_secs=0.5,
+            hooks=[StopAtStepHook(last_step=args.steps)],
+        )
+        async with sv.session() as sess:
+            faults.restored = (time.time(), sess.restore_report.step)
+            await sess.train(faulty_step, data)
+        if sv.is_chief and sess.global_step >= args.steps:
+            open(os.path.join(args.workdir, "done"), "w").close()
+
+    return asv.run(main)
+
+
 def run_loop(args: argparse.Namespace, faults: Faults) -> int:
     tf, model, optimizer, data = build()
     faults.imported = time.time()
@@ -216,7 +292,9 @@ def run_fit(args: argparse.Namespace, faults: Faults) -> int:
 if __name__ == "__main__":
     arguments = parse()
     injector = Faults(arguments.workdir, RECORD_EVERY)
-    runner = {"asv": run_asv, "loop": run_loop, "fit": run_fit}[arguments.system]
+    runner = {"asv": run_asv, "loop": run_loop, "fit": run_fit, "asv-mw": run_multiworker}[
+        arguments.system
+    ]
     status = runner(arguments, injector)
     import gc
 

@@ -106,7 +106,7 @@ def test_missing_and_empty_logdirs_are_clear_errors(
     assert "does not exist" in capsys.readouterr().err
     (tmp_path / "empty").mkdir()
     assert main(["inspect", str(tmp_path / "empty")]) == 1
-    assert "no checkpoints and no events files" in capsys.readouterr().err
+    assert "no checkpoints, no events files and no ledger" in capsys.readouterr().err
     with pytest.raises(SystemExit) as usage:
         main([])
     assert usage.value.code == 2

@@ -598,3 +598,24 @@ def test_health_run_and_the_api_say_one_rule_for_long_work_that_is_no_training_s
     assert rule.replace("sess.call", "`sess.call`") in api
     assert "one training step" in said["health"] and "training step" in said["run"]
     assert "any work on the training thread" not in said["health"] + api
+
+
+@pytest.mark.asyncio
+async def test_a_heartbeat_file_named_with_host_is_this_hosts_own_and_health_reads_it(
+    logdir: str, pair: Pair, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # One path on a file system the hosts of a job share: each host's worker writes, and
+    # `asupervisor health` on each host reads, a file of its own.
+    import socket
+
+    template = str(tmp_path / "beat-{host}.json")
+    monkeypatch.setenv(_heartbeat.ENV_FILE, template)
+    async with pair_supervisor(logdir, pair, heartbeat_secs=0.05).session() as sess:
+        await sess.run(pair.step)
+        await anyio.sleep(0.2)
+        assert main(["health", template, "--max-age", "60"]) == 0
+    own = tmp_path / f"beat-{socket.gethostname()}.json"
+    ended = _heartbeat.read(str(own))
+    assert ended is not None and ended.host == socket.gethostname() and ended.step == 1
+    assert [p.name for p in tmp_path.glob("beat-*")] == [own.name]
+    assert _heartbeat.local_path(template, "n2") == str(tmp_path / "beat-n2.json")

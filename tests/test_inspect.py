@@ -361,3 +361,60 @@ def test_an_events_file_cut_short_is_damage_without_tensorflow_too(tmp_path: Pat
     events.write_bytes(bytes(garbled))
     report = inspect_logdir(logdir, verify=False)
     assert report.events_files[0].events == 0 and report.events_files[0].damaged is not None
+
+
+def slurm_group(attempt: int, restart: int, ends: list[tuple[int, str, int, str, bool, bool]]):
+    """A group line as ``asupervisor run --slurm`` writes it: (rank, host, status, how,
+    stopped, first) per worker."""
+    from asupervisor._logdir.groups import GroupAttempt, WorkerEnd
+
+    workers = tuple(
+        WorkerEnd(rank, host, status, how, stopped, first, ended=_iso(T0 + 60 * attempt + rank),
+                  pid=200 + rank, session=f"w{attempt}{rank}", step=50 * attempt + 3)
+        for rank, host, status, how, stopped, first in ends
+    )  # fmt: skip
+    cause = next((f"worker {w.rank} on {w.host}: {w.how}" for w in workers if w.first), "")
+    status = next((w.status for w in workers if w.first), 0)
+    return GroupAttempt("r", attempt, _iso(T0 + 60 * attempt + 5), status, cause, workers,
+                        slurm_job="4711", slurm_restart=restart).to_record()  # fmt: skip
+
+
+def test_inspect_shows_the_groups_attempts_which_worker_on_which_host_ended_how_and_the_first(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    logdir = str(tmp_path)
+    four_sessions(logdir, host="n1")
+    write_ledger(
+        logdir,
+        [
+            slurm_group(1, 0, [(0, "n1", 75, "exited", False, False),
+                               (1, "n2", 137, "exited", False, True)]),
+            slurm_group(2, 0, [(0, "n1", 42, "exited", True, False),
+                               (1, "n2", 1, "exited", False, True)]),
+            slurm_group(3, 1, [(0, "n1", 0, "exited", False, False),
+                               (1, "n2", 0, "exited", False, False)]),
+        ],
+    )  # fmt: skip
+    # The chief's sessions stay the sessions: a group line is not one.
+    report = inspect_logdir(logdir, verify=False)
+    assert len(report.sessions) == 4 and len(report.groups) == 3
+    assert report.groups[0].first is not None and report.groups[0].first.host == "n2"
+    assert main(["inspect", "--no-verify", logdir]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert "group: 2 workers on n1, n2; 3 attempts; SLURM job 4711 (requeued 1 times)" in out
+    at = out.index("group attempts (3; from asupervisor-ledger.jsonl):")
+    table = [line.split() for line in out[at + 1 : at + 8]]
+    assert table[0][:7] == ["attempt", "job.restart", "worker", "host", "ended", "(UTC)", "step"]
+    rows = [(r[0], r[1], " ".join(r[2:-7]), r[-7], r[-4], " ".join(r[-3:])) for r in table[1:]]
+    assert rows[:2] == [
+        ("1", "4711.0", "0", "n1", "53", "75 (lost_peer) exited"),
+        ("1", "4711.0", "* 1", "n2", "53", "137 (SIGKILL) exited"),
+    ]
+    assert table[3][2:3] == ["0"] and "42 (preempted)  stopped: exited" in out[at + 4]
+    assert rows[5][:4] == ("3", "4711.1", "1", "n2")  # requeued once: no worker failed
+    assert out[at + 8].startswith("  *: the first worker to fail in its attempt")
+    assert max(len(line) for line in out) <= 100
+    # The sessions' own lines keep SLURM's facts (a session reads them as it starts).
+    assert main(["inspect", "--no-verify", "--json", logdir]) == 0
+    shown = capsys.readouterr().out
+    assert '"slurm_job": "4711"' in shown and '"first": true' in shown

@@ -54,11 +54,35 @@ def test_who_restarts_a_failed_worker_is_decided_from_the_flag_then_the_environm
 
 def test_a_status_map_names_outcomes_or_the_tfjob_preset() -> None:
     tfjob = StatusMap.parse("tfjob")
-    assert [tfjob(s) for s in (0, 1, 42, 78, 124, 130, 137)] == [0, 1, 143, 78, 138, 130, 137]
+    statuses = (0, 1, 42, 75, 78, 124, 130, 137)
+    assert [tfjob(s) for s in statuses] == [0, 1, 143, 137, 78, 138, 130, 137]
     mapped = StatusMap.parse("tfjob, failed=137")
-    assert (mapped(1), mapped(42), str(mapped)) == (137, 143, "preempted=143,stuck=138,failed=137")
+    assert (mapped(1), mapped(42), str(mapped)) == (
+        137, 143, "preempted=143,stuck=138,lost-peer=137,failed=137"
+    )  # fmt: skip
+    assert StatusMap.parse("lost-peer=143").mapped == {Outcome.LOST_PEER: 143}
     assert StatusMap.parse("")(42) == 42
     assert StatusMap.parse("permanent=1").mapped == {Outcome.FAILED_PERMANENTLY: 1}
+
+
+def test_a_collectives_error_in_a_worker_of_a_job_is_a_lost_peer_with_a_status_of_its_own() -> None:
+    import tensorflow as tf
+
+    from asupervisor._outcome import outcome_of, worst
+    from asupervisor._run import statuses
+
+    for kind in (tf.errors.UnavailableError, tf.errors.AbortedError, tf.errors.CancelledError):
+        error = kind(None, None, "a peer is gone")
+        assert outcome_of(error, in_group=True) is Outcome.LOST_PEER
+        assert outcome_of(error) is Outcome.FAILED  # one process alone has no peer
+    assert outcome_of(RuntimeError("a bug"), in_group=True) is Outcome.FAILED
+    assert Outcome.LOST_PEER.exit_status == 75
+    assert statuses.outcome_of(75) is Outcome.LOST_PEER
+    assert statuses.describe_status(75) == "75 (lost_peer)"
+    assert Outcome.LOST_PEER in statuses.RESTARTED  # the group is started again
+    # Beside a worker that failed, the one that lost its peer is not the job's outcome.
+    assert worst([Outcome.LOST_PEER, Outcome.FAILED]) is Outcome.FAILED
+    assert worst([Outcome.LOST_PEER, Outcome.PREEMPTED]) is Outcome.LOST_PEER
 
 
 @pytest.mark.parametrize("text", ["tfjobs", "preempted", "preempted=x", "late=3", "stuck=256"])
@@ -88,7 +112,10 @@ def supervisor(*args: str, env_extra: dict[str, str] | None = None) -> subproces
 FAILS = "import sys; print('started', flush=True); sys.exit(int(sys.argv[1]))"
 
 
-@pytest.mark.parametrize(("status", "mapping", "shown"), [(1, "", 1), (124, "tfjob", 138)])
+@pytest.mark.parametrize(
+    ("status", "mapping", "shown"),
+    [(1, "", 1), (124, "tfjob", 138), (75, "", 75), (75, "tfjob", 137)],
+)
 def test_a_member_of_a_job_across_hosts_exits_at_once_with_its_childs_status(
     tmp_path: Path, status: int, mapping: str, shown: int
 ) -> None:
@@ -166,6 +193,12 @@ def end(rank: int, status: int, stopped: bool, at: float) -> MemberEnd:
         ([], 137, "no worker recorded its end"),
         # a task lost beside one that ended done: the lost one is the cause, not "done"
         ([end(0, 0, False, 1.0)], 1, "worker 1 left no end"),
+        # worker 0 lost its peer: the one that failed is the cause, whichever ended first
+        ([end(0, 75, False, 1.0), end(1, 137, False, 2.0)], 137, "worker 1 on n2"),
+        ([end(0, 75, False, 2.0), end(1, 1, False, 1.0)], 1, "worker 1 on n2"),
+        ([end(0, 124, False, 2.0), end(1, 75, False, 1.0)], 124, "worker 0 on n1"),
+        ([end(0, 75, False, 1.0)], 1, "worker 1 left no end"),  # its peer's node was lost
+        ([end(0, 75, False, 1.5), end(1, 75, False, 1.0)], 75, "worker 1 on n2"),  # restarted
     ],
 )
 def test_a_steps_status_is_its_causes_not_sruns(

@@ -1,11 +1,12 @@
 """``asupervisor inspect``'s text: what a logdir holds, for people (``--json`` is the
 report itself).
 
-The summary first (the run, its goodput, the heartbeat), then the newest sessions and
-restarts, the checkpoints on disk, the tail of the history with its counts (``--all``:
-every session, restart and commit), the tags and the events files. Every table's
-columns are as wide as their widest cell, and every line fits ``WIDTH`` columns: free
-text is cut where it would not (``fit``)."""
+The summary first (the run, a multi-worker job's hosts and attempts, its goodput, the
+heartbeat), then the newest sessions and restarts, the group's attempts (every worker's
+end, on which host, the first to fail), the checkpoints on disk, the tail of the history
+with its counts (``--all``: every session, restart, attempt and commit), the tags and the
+events files. Every table's columns are as wide as their widest cell, and every line fits
+``WIDTH`` columns: free text is cut where it would not (``fit``)."""
 
 from __future__ import annotations
 
@@ -17,9 +18,11 @@ from collections import Counter
 from .._kinds import RestoreSource
 from .._logdir import ledger as _ledger
 from .._logdir.costs import Goodput, goodput
+from .._logdir.groups import GroupAttempt
 from .._logdir.heartbeat import Beat
 from .._logdir.ledger import SessionRecord
 from .._logdir.report import CommitInfo, LogdirReport
+from .._run.statuses import describe_status
 from .text import columns, cut, fit, shown, size, wrapped
 
 WIDTH = 100  # every line fits a terminal this wide
@@ -34,12 +37,14 @@ def render(report: LogdirReport, every: bool = False) -> str:
     lines = [f"logdir: {shown(report.logdir)}"]
     lines.append(f"latest checkpoint: {shown(os.path.basename(head))}  (step {report.latest_step})")
     lines.append(run_line(report, found))
+    lines += group_summary(report)
     if found is not None:
         lines.append(goodput_line(found))
     lines += heartbeat_lines(report)
     lines += ["", *ledger_table(report.sessions, every)]
     lines += changed_lines(report.sessions)
     lines += restart_lines(found, every)
+    lines += group_lines(report.groups, every)
     lines += ["", *checkpoint_lines(report)]
     lines += ["", *history_lines(report, every)]
     lines += ["", *tag_lines(report)]
@@ -244,6 +249,67 @@ def restart_lines(found: Goodput | None, every: bool = False) -> list[str]:
     lines += _prose(
         "lost: from the commit it restored to its first step (steps thrown away, the "
         "restart, the restore, the first step); down: from the end of the one before",
+        "  ",
+    )
+    return lines
+
+
+def hosts_of(report: LogdirReport) -> list[str]:
+    """Every host a session or a worker of the run ran on, in the order first seen."""
+    hosts = [s.host for s in report.sessions if s.host]
+    hosts += [w.host for g in report.groups for w in g.workers if w.host != "?"]
+    return list(dict.fromkeys(hosts))
+
+
+def group_summary(report: LogdirReport) -> list[str]:
+    """A multi-worker job in one line: its workers' hosts, its attempts, SLURM's job and
+    how often SLURM requeued it (the goodput below is the group's: its workers step
+    together, and the chief's sessions time them)."""
+    if not report.groups:
+        return []
+    workers = max(len(g.workers) for g in report.groups)
+    hosts = ", ".join(shown(h) for h in hosts_of(report))
+    parts = [f"{workers} workers on {hosts}", f"{len(report.groups)} attempts"]
+    jobs = list(dict.fromkeys(g.slurm_job for g in report.groups if g.slurm_job))
+    if jobs:
+        requeues = max((g.slurm_restart or 0) for g in report.groups)
+        parts.append(f"SLURM job {', '.join(shown(j) for j in jobs)} (requeued {requeues} times)")
+    return ["group: " + "; ".join(parts)]
+
+
+def group_lines(groups: list[GroupAttempt], every: bool = False) -> list[str]:
+    """The group's attempts (``_logdir/groups``): every worker's end, on which host, and
+    which one was the first to fail (``*``): the newest, or ``every`` one."""
+    if not groups:
+        return []
+    shown_groups = groups if every else groups[-TAIL:]
+    count = _shown_of(len(groups), len(shown_groups), "attempts")
+    slurm = any(g.slurm_job for g in groups)
+    rows = []
+    for g in shown_groups:
+        for w in sorted(g.workers, key=lambda w: w.rank):
+            how = ("stopped: " if w.stopped else "") + shown(w.how)
+            row = [str(g.attempt)]
+            if slurm:
+                job = "-" if g.slurm_job is None else f"{shown(g.slurm_job)}.{g.slurm_restart}"
+                row.append(job)
+            row += [
+                ("* " if w.first else "") + str(w.rank),
+                cut(shown(w.host), 20),
+                shown((w.ended or "?")[5:19].replace("T", " ")),  # the year is the run's
+                _text(w.step),
+                describe_status(w.status),
+                how,
+            ]
+            rows.append(row)
+    header = ["attempt", *(["job.restart"] if slurm else []), "worker", "host", "ended (UTC)"]
+    header += ["step", "exit", "how"]
+    right = {0, 1 + slurm, 4 + slurm}  # attempt, worker, step
+    lines = ["", f"group attempts ({count}; from {_ledger.NAME}):"]
+    lines += _indented(columns(header, rows, right=right))
+    lines += _prose(
+        "*: the first worker to fail in its attempt, the cause of its end; stopped: stopped "
+        "with the group, not a cause; times are each host's clock",
         "  ",
     )
     return lines

@@ -104,12 +104,14 @@ exit status (the supervisor passes its children's on):
          not be started at all
   69     the logdir's object store could not be reached, and the budget is spent
   124    stuck, and the budget is spent
+  75     a worker of a multi-worker job lost a peer (another worker, or its host, is
+         gone), and the budget is spent
   128+N  the last failure of a crash loop was a death by signal N (137: SIGKILL), or
          a child did not exit within --grace of a stop and was killed (137)
   130    a second SIGINT: every child killed at once
   2      bad arguments (and a --workers count the open-file limit cannot hold)
-  with --restarts engine (a job across hosts), a failure (1, 128+N) or a hang (124)
-  is passed on at once; --exit-status-map shows any of these as another number
+  with --restarts engine (a job across hosts), a failure (1, 128+N), a lost peer
+  (75) or a hang (124) is passed on at once; --exit-status-map shows any of these as another number
 """
 
 HEALTH_EPILOG = """\
@@ -311,8 +313,8 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         metavar="MAP",
         help="the run's exit status as an engine that retries only some is told it: "
         "NAME=STATUS,... with NAME one of done, preempted, failed, permanent, stuck, "
-        "interrupted, unreachable, or 'tfjob' (Kubeflow's TFJob retries only 130, 137, 138 "
-        "and 143: preempted=143,stuck=138)",
+        "interrupted, unreachable, lost-peer, or 'tfjob' (Kubeflow's TFJob retries only 130, "
+        "137, 138 and 143: preempted=143,stuck=138,lost-peer=137)",
     )
     run.add_argument(
         "argv",
@@ -449,6 +451,7 @@ def _heartbeat_path(target: str) -> str:
             if target.endswith("/" + _heartbeat.NAME)
             else Store(target).path(_heartbeat.NAME)
         )
+    target = _heartbeat.local_path(target)  # {host}: this host's file (ASUPERVISOR_HEARTBEAT)
     return os.path.join(target, _heartbeat.NAME) if os.path.isdir(target) else target
 
 

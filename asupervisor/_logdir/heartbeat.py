@@ -35,6 +35,7 @@ import contextlib
 import json
 import math
 import os
+import socket
 import stat
 import time
 from dataclasses import asdict, dataclass, fields
@@ -46,6 +47,7 @@ from .store import Store, is_object_store, write_all
 
 NAME = ".asupervisor.heartbeat"  # in the logdir, written by the chief
 ENV_FILE = "ASUPERVISOR_HEARTBEAT"  # a local file any session process also writes
+HOST_FIELD = "{host}"  # in ENV_FILE's path: this host's name (one file per host)
 ENV_ATTEMPT = "ASUPERVISOR_ATTEMPT"  # set by `asupervisor run`: 1 for the first start
 ENV_RUN = "ASUPERVISOR_RUN"  # set by asupervisor run: one id per run, in every attempt
 # Set by `asupervisor run` when it watches liveness: how long one step may run before the
@@ -57,6 +59,14 @@ MAX_BYTES = 64 * 1024  # a beat is a few hundred bytes
 # Phases in which the work on the training thread is start-up (restore, the first
 # step's tracing) or the stop (the final checkpoint): judged by the longer deadline.
 _LONG_PHASES = {Phase.STARTING, Phase.DRAINING, Phase.FINISHING, Phase.CLOSING}
+
+
+def local_path(template: str, host: str | None = None) -> str:
+    """The local heartbeat file ``template`` names on this host: ``{host}`` in it is the
+    host's name, so that the workers of a job across hosts, given one path on a file
+    system they share, each write (and ``asupervisor health`` on each host reads) a file
+    of its own."""
+    return template.replace(HOST_FIELD, host if host is not None else socket.gethostname())
 
 
 @dataclass(frozen=True)

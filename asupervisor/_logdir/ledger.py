@@ -6,8 +6,10 @@ closes, each with the session's id: a ``start`` without its ``end`` is a session
 was killed (SIGKILL, a lost machine) before it could say how it ended, or stopped at
 once (a second SIGINT waits for nothing). Under ``asupervisor run``, the runner writes
 the end of a session killed so, with the step of its last beat (``_run/ends``: its line
-says ``recorded_by: runner``). ``asupervisor inspect`` shows the sessions,
-and from their times what each restart cost (``_logdir/costs``).
+says ``recorded_by: runner``), and the runner that started every worker of a job writes
+how each ended, on which host, after each attempt (``groups.py``: a line keyed by
+``group``, not ``session``). ``asupervisor inspect`` shows the sessions, the group's
+attempts, and from their times what each restart cost (``_logdir/costs``).
 
 Locally a line is appended with ``O_APPEND`` (a kill cannot tear an earlier line) and
 fsynced; an object store has no append, so there the file is read and written whole,
@@ -85,9 +87,14 @@ def read(store: Store) -> list[dict[str, Any]]:
             record = json.loads(line)
         except json.JSONDecodeError:
             continue
-        if isinstance(record, dict) and isinstance(record.get("session"), str):
+        if isinstance(record, dict) and _keyed(record):
             records.append(record)
     return records
+
+
+def _keyed(record: dict[str, Any]) -> bool:
+    """A session's line, or a group's (``groups.py``: how each worker of an attempt ended)."""
+    return isinstance(record.get("session"), str) or isinstance(record.get("group"), str)
 
 
 @dataclass
@@ -99,6 +106,10 @@ class SessionRecord:
     pid: int | None = None
     attempt: int | None = None
     run: str | None = None  # the `asupervisor run` it was started by (ASUPERVISOR_RUN)
+    worker: str | None = None  # its task in a multi-worker job ("worker:0"), if in one
+    slurm_job: str | None = None  # SLURM_JOB_ID, in a SLURM job
+    slurm_restart: int | None = None  # SLURM_RESTART_COUNT: how often the job was requeued
+    node: str | None = None  # SLURMD_NODENAME: the node it ran on, as SLURM names it
     started: str | None = None
     restored_step: int | None = None
     source: str | None = None
@@ -126,6 +137,8 @@ def sessions(records: list[dict[str, Any]]) -> list[SessionRecord]:
     """Sessions in the order they started; one without an ``end`` line was killed."""
     merged: dict[str, dict[str, Any]] = {}
     for record in records:
+        if not isinstance(record.get("session"), str):
+            continue  # a group's line (groups.py)
         known = {k: v for k, v in record.items() if k in _FIELDS and v is not None}
         merged.setdefault(record["session"], {}).update(known)
     return [SessionRecord(**entry) for entry in merged.values()]

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 from typing import Any
 
 from . import events as _events
+from . import groups as _groups
 from . import heartbeat as _heartbeat
 from . import ledger as _ledger
 from .files import RUNS, checkpoint_bytes, checkpoint_problem, files_problem
@@ -94,6 +95,7 @@ class LogdirReport:
     tags: dict[str, TagInfo] = field(default_factory=dict)
     events_files: list[EventsFileInfo] = field(default_factory=list)
     sessions: list[_ledger.SessionRecord] = field(default_factory=list)  # the run ledger
+    groups: list[_groups.GroupAttempt] = field(default_factory=list)  # each worker's end
     heartbeat: dict[str, Any] | None = None  # the chief's last beat
     heartbeat_problem: str | None = None
     commits: list[CommitInfo] = field(default_factory=list)  # the history, oldest first
@@ -286,7 +288,9 @@ def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
     report.checkpoints = find_checkpoints(store, names, verify, history)
     report.commits, report.rollbacks = history_of(history)
     report.history_derived = history.derived
-    report.sessions = _ledger.sessions(_ledger.read(store))
+    records = _ledger.read(store)
+    report.sessions = _ledger.sessions(records)
+    report.groups = _groups.groups(records)
     try:
         beat = _heartbeat.read(store.path(_heartbeat.NAME))
         report.heartbeat = None if beat is None else beat.as_dict()

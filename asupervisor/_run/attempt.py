@@ -188,6 +188,8 @@ class Child:
             grace_secs=limits.grace_secs,
             tail=tuple(self.proc.tail),
             logdirs=tuple(heard.logdirs),
+            session=None if heard.beat is None else heard.beat.session,
+            chief=heard.beat is not None and heard.beat.chief,
         )
 
 
@@ -238,6 +240,13 @@ class ChildEnd:
     grace_secs: float
     tail: tuple[str, ...] = ()
     logdirs: tuple[str, ...] = ()  # where its chief sessions commit, as they said
+    session: str | None = None  # the session of its last beat
+    chief: bool = False  # that session was the chief's (it writes the logdir's ledger)
+
+    @property
+    def ended_at(self) -> float:
+        """``at`` as a time of the wall clock (``time.time()``)."""
+        return time.time() - (time.monotonic() - self.at)
 
     @property
     def how(self) -> str:

@@ -21,6 +21,7 @@ from typing import Any
 from .._logdir import ledger as _ledger
 from .._logdir.store import Store
 from .attempt import Child
+from .slurm import MemberEnd
 from .statuses import shell_status
 
 
@@ -54,6 +55,23 @@ def unrecorded(children: list[Child]) -> list[dict[str, Any]]:
     return lines
 
 
+def member_line(end: MemberEnd) -> dict[str, Any]:
+    """The end line of a task's worker session as its recorded end tells it (a task of a
+    ``--slurm`` step, whose run may have been killed with it: the outer run writes it)."""
+    return {
+        "event": "end_seen",
+        "session": end.session,
+        "time": _iso(time.time()),
+        "ended": _iso(end.at),
+        "host": end.host,
+        "pid": end.pid,
+        "exit_status": end.status,
+        "step": end.step,
+        "reason": end.why,
+        "recorded_by": "runner",
+    }
+
+
 def _reason(child: Child) -> str:
     """Why it ended, as the runner knows it (its status is the line's own field)."""
     why = f"judged stuck ({child.stuck}); " if child.stuck is not None else ""
@@ -64,7 +82,7 @@ def record(logdir: str, lines: list[dict[str, Any]]) -> None:
     """Append the ``lines`` whose session has no end in the ledger (blocking I/O: run it
     in a worker thread)."""
     store = Store(logdir)
-    ended = {r["session"] for r in _ledger.read(store) if r.get("ended") is not None}
+    ended = {r.get("session") for r in _ledger.read(store) if r.get("ended") is not None}
     for line in lines:
         if line["session"] not in ended:
             _ledger.append(store, line)

@@ -89,12 +89,16 @@ NAMES: dict[str, Outcome] = {
     "stuck": Outcome.STUCK,
     "interrupted": Outcome.INTERRUPTED,
     "unreachable": Outcome.UNREACHABLE,
+    "lost-peer": Outcome.LOST_PEER,
 }
 # Kubeflow's TFJob (restartPolicy: ExitCode) retries only 130, 137, 143 and 138: a
 # preemption and a hang become statuses it retries; a failure stays 1 (permanent there:
-# a crash restarts in the pod only with --restarts here).
+# a crash restarts in the pod only with --restarts here). A lost peer becomes 137: what
+# the peer's own death most often shows (SIGKILL, the OOM killer, a lost node), retried,
+# and not 130 (a person's Ctrl-C, which this runner passes on) nor the preempted or stuck
+# numbers, so the two that are mapped stay apart.
 PRESETS: dict[str, dict[Outcome, int]] = {
-    "tfjob": {Outcome.PREEMPTED: 143, Outcome.STUCK: 138},
+    "tfjob": {Outcome.PREEMPTED: 143, Outcome.STUCK: 138, Outcome.LOST_PEER: 137},
 }
 
 

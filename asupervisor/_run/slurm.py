@@ -23,6 +23,7 @@ import socket
 import subprocess
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 SCONTROL_SECS = 10.0  # a controller that does not answer within it is an error, said so
 PORT_BASE = 20000
@@ -195,6 +196,12 @@ class MemberEnd:
     stopped: bool  # it was stopped from outside (the step's end, a notice): not the cause
     why: str
     at: float  # time.time() of its end
+    # Its worker's last session, the step of its last beat and its pid, for the ledger's
+    # line of the group (``_logdir/groups``); None: it never beat.
+    session: str | None = None
+    step: int | None = None
+    pid: int | None = None
+    chief: bool = False  # its worker's session was the chief's (whose end the ledger keeps)
 
     def to_json(self) -> bytes:
         return json.dumps(self.__dict__).encode()
@@ -205,7 +212,13 @@ class MemberEnd:
         return cls(
             rank=int(found["rank"]), host=str(found["host"]), status=int(found["status"]),
             stopped=bool(found["stopped"]), why=str(found["why"]), at=float(found["at"]),
+            session=_optional(found.get("session"), str), step=_optional(found.get("step"), int),
+            pid=_optional(found.get("pid"), int), chief=found.get("chief") is True,
         )  # fmt: skip
+
+
+def _optional(value: object, kind: type) -> Any:
+    return kind(value) if isinstance(value, (str, int)) and not isinstance(value, bool) else None
 
 
 def member_prefix(run: str, attempt: str) -> str:
@@ -244,6 +257,22 @@ def group_status(
     worst = worst_outcome(e.status for e in ends)
     first = min((e for e in ends if outcome_of(e.status) is worst), key=lambda e: e.at)
     return first.status, f"every worker was stopped (worker {first.rank}: {first.why})"
+
+
+def cause_rank(ends: Sequence[MemberEnd], tasks: int, status: int) -> int | None:
+    """The worker ``group_status`` named as the cause of a step that ended ``status``: the
+    earliest of those that ended on their own with its outcome, else a task that left no
+    end; ``None`` when the step did not fail (done, preempted, interrupted)."""
+    from .._outcome import Outcome
+    from .statuses import outcome_of
+
+    if outcome_of(status) in (Outcome.DONE, Outcome.PREEMPTED, Outcome.INTERRUPTED):
+        return None
+    own = [e for e in ends if not e.stopped and outcome_of(e.status) is outcome_of(status)]
+    if own:
+        return min(own, key=lambda e: e.at).rank
+    missing = sorted(set(range(tasks)) - {e.rank for e in ends})
+    return missing[0] if missing and ends else None
 
 
 # -- the step's process under the outer run ---------------------------------------------------

@@ -11,8 +11,9 @@ from .._outcome import Outcome, worst
 _BY_STATUS = {outcome.exit_status: outcome for outcome in Outcome}  # _outcome's table
 CANNOT_RUN = (126, 127)  # the shell's "not executable" and "not found"
 # Worth another attempt. A store out of reach too: an outage passes, and credentials that
-# are missing end the run by the crash-loop budget (no attempt commits anything).
-RESTARTED = frozenset({Outcome.FAILED, Outcome.STUCK, Outcome.UNREACHABLE})
+# are missing end the run by the crash-loop budget (no attempt commits anything). A worker
+# that lost its peer: the group is started again, and the loss counts as its failure.
+RESTARTED = frozenset({Outcome.FAILED, Outcome.STUCK, Outcome.UNREACHABLE, Outcome.LOST_PEER})
 
 
 def outcome_of(status: int) -> Outcome:

@@ -23,8 +23,8 @@ together, with a restart budget that this run's progress refills. The parts:
 - **What is restarted.** A child's exit status says how its training ended
   (``asv.Outcome``): done (0), preempted (42), a failure that cannot be fixed by
   retrying (78), interrupted (130) are passed on; a failure (1, or a death by a
-  signal), a store out of reach (69) or a stuck run (124, or a heartbeat past its
-  deadline) is restarted.
+  signal), a store out of reach (69), a worker that lost its peer (75) or a stuck run
+  (124, or a heartbeat past its deadline) is restarted.
 - **Bounded.** A stop (SIGTERM, SIGINT, SIGUSR1 to the supervisor) is sent to each child
   as ``stop_signal``; a child still running ``grace_secs`` later is killed. A second
   SIGINT kills at once. Every child runs in a process group of its own, killed whole
@@ -54,18 +54,22 @@ import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import anyio
 import anyio.abc
 
 from .._logdir import channel as _channel
+from .._logdir import groups as _groups
 from .._logdir import heartbeat as _heartbeat
+from .._logdir import ledger as _ledger
+from .._logdir.groups import GroupAttempt
 from .._logdir.store import Store
 from .._outcome import Outcome
 from . import ends as _ends
 from . import report as _report
-from .attempt import Attempt, AttemptResult, Child, Control, Limits
+from .attempt import Attempt, AttemptResult, Child, Control, Limits, StopCause
 from .budget import GiveUp, RestartBudget, restartable
 from .group import Restarts, StatusMap, membership
 from .process import Proc, adopt, spawn
@@ -73,6 +77,7 @@ from .progress import recorded
 from .slurm import (
     MemberEnd,
     SlurmError,
+    cause_rank,
     group_status,
     member_prefix,
     step_of,
@@ -197,6 +202,9 @@ class ProcessSupervisor:
         self._control: Control | None = None
         self._tg: anyio.abc.TaskGroup | None = None
         self._standby: Standby | None = None
+        self._attempt: Attempt | None = None  # the newest attempt
+        self._member_ended = False  # a member: its end's record is being written
+        self._member_lock = anyio.Lock()  # one write of its record at a time
         self._member = membership(config.restarts, os.environ, config.workers)
         # One task of a job an outer `asupervisor run` restarts (its --slurm step): the outer
         # run's identity, which this run's children record their commits with.
@@ -261,30 +269,84 @@ class ProcessSupervisor:
     async def _record_member_end(self, status: int) -> None:
         """One task of an outer run's step: its end, as a fact in the logdir for the
         outer run to read (the step's own status hides which task was the cause)."""
+        last = self.history[-1] if self.history else None
+        worker = last.ends[0] if last and last.ends else None
+        self._member_ended = True  # a record of its stop, still to come, is not written
+        await self._put_member(
+            self._member_record(
+                status,
+                stopped=bool(last and last.stop_requested),
+                why=last.worst.how if last and last.ends else "it could not start its worker",
+                session=None if worker is None else worker.session,
+                step=None if worker is None else worker.reached_step,
+                pid=None if worker is None else worker.pid,
+                chief=worker is not None and worker.chief,
+            )
+        )
+
+    async def _record_member_stopping(self) -> None:
+        """One task of an outer run's step, as the step's stop reaches it: a record of
+        its end already, which its real end replaces. SLURM kills a task that has not
+        ended ``KillWait`` seconds after the step's stop, its run too: then this record
+        is what the outer run reads (its node, its worker's last session and step)."""
+        children = [] if self._attempt is None else self._attempt.children
+        beat = children[0].proc.heard.beat if children else None
+        stopping = self._member_record(
+            128 + signal.SIGKILL,  # what SLURM's kill leaves
+            stopped=True,
+            why="killed before its end was recorded (after the step's stop)",
+            session=None if beat is None else beat.session,
+            step=None if beat is None else beat.step,
+            pid=children[0].proc.pid if children else None,
+            chief=beat is not None and beat.chief,
+        )
+        await self._put_member(stopping, stopping=True)
+
+    def _member_record(
+        self,
+        status: int,
+        *,
+        stopped: bool,
+        why: str,
+        session: str | None,
+        step: int | None,
+        pid: int | None,
+        chief: bool,
+    ) -> MemberEnd:
+        procid = os.environ.get("SLURM_PROCID", "0")
+        return MemberEnd(
+            rank=int(procid) if procid.isdigit() else 0,
+            host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            status=status,
+            stopped=stopped,
+            why=why,
+            at=time.time(),
+            session=session,
+            step=step,
+            pid=pid,
+            chief=chief,
+        )
+
+    async def _put_member(self, end: MemberEnd, stopping: bool = False) -> None:
+        """Write (or replace) this task's record, one write at a time: the record of its
+        stop (``stopping``) never replaces its end's."""
         logdir = self.config.logdir
         if self._outer is None or not logdir:
             return
         run, attempt = self._outer
-        last = self.history[-1] if self.history else None
-        procid = os.environ.get("SLURM_PROCID", "0")
-        end = MemberEnd(
-            rank=int(procid) if procid.isdigit() else 0,
-            host=socket.gethostname(),
-            status=status,
-            stopped=bool(last and last.stop_requested),
-            why=last.worst.how if last and last.ends else "it could not start its worker",
-            at=time.time(),
-        )
         name = member_prefix(run, attempt) + str(end.rank)
-        # Shielded from the run's own end, bounded by its deadline (the shield inside would
-        # hold the deadline off too).
-        with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
-            try:
-                await anyio.to_thread.run_sync(
-                    _write_member_end, logdir, name, end, abandon_on_cancel=True
-                )
-            except Exception as exc:  # said, never a reason to fail the end
-                self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
+        async with self._member_lock:
+            if stopping and self._member_ended:
+                return
+            # Shielded from the run's own end, bounded by its deadline (the shield inside
+            # would hold the deadline off too).
+            with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
+                try:
+                    await anyio.to_thread.run_sync(
+                        _write_member_end, logdir, name, end, abandon_on_cancel=True
+                    )
+                except Exception as exc:  # said, never a reason to fail the end
+                    self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
 
     async def _group_result(self, result: AttemptResult) -> AttemptResult:
         """--slurm's outer run: the step's status decided from its tasks' recorded ends."""
@@ -321,9 +383,106 @@ class ProcessSupervisor:
                 status=describe_status(end.status), stopped=end.stopped, how=end.why,
             )  # fmt: skip
         self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
+        await self._record_group(self._step_group(result.number, ends, tasks, status, cause))
+        await self._record_killed_chief(ends)
         decided = dataclasses.replace(step, status=status)
         first = decided if result.first_failure is not None else None
         return dataclasses.replace(result, ends=(decided,), first_failure=first)
+
+    def _step_group(
+        self, number: int, ends: list[MemberEnd], tasks: int, status: int, cause: str
+    ) -> GroupAttempt:
+        """--slurm's outer run: the step's attempt as the ledger's group line, from its
+        tasks' recorded ends (a task that left none: its node or its run was lost)."""
+        first = cause_rank(ends, tasks, status)
+        by_rank = {e.rank: e for e in ends}
+        workers = []
+        for rank in range(tasks):
+            e = by_rank.get(rank)
+            if e is None:
+                workers.append(
+                    _groups.WorkerEnd(rank, "?", 1, _LEFT_NO_END, False, first=rank == first)
+                )
+                continue
+            workers.append(
+                _groups.WorkerEnd(
+                    rank=rank,
+                    host=e.host,
+                    status=e.status,
+                    how=e.why,
+                    stopped=e.stopped,
+                    first=rank == first,
+                    ended=_iso(e.at),
+                    pid=e.pid,
+                    session=e.session,
+                    step=e.step,
+                )
+            )
+        return self._group(number, status, cause, workers)
+
+    async def _record_killed_chief(self, ends: list[MemberEnd]) -> None:
+        """--slurm's outer run: the end of a chief session whose task was killed before it
+        could record it (``_record_member_stopping``), into the ledger as the runner's
+        (``_run/ends``); a session's own end, when there is one, is kept."""
+        logdir = self.config.logdir
+        lines = [_ends.member_line(e) for e in ends if e.chief and e.session]
+        if not lines or logdir is None:
+            return
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(_ends.record, logdir, lines, abandon_on_cancel=True)
+            except Exception as exc:  # a figure for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
+
+    def _host_group(self, result: AttemptResult) -> GroupAttempt:
+        """--workers N on this host: the attempt as the ledger's group line."""
+        first = result.first_failure
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+        workers = [
+            _groups.WorkerEnd(
+                rank=end.rank,
+                host=host,
+                status=end.status,
+                how=end.how,
+                stopped=end.stop in (StopCause.PEER, StopCause.REQUESTED),
+                first=first is not None and end.rank == first.rank,
+                ended=_iso(end.ended_at),
+                pid=end.pid,
+                session=end.session,
+                step=end.reached_step,
+            )
+            for end in result.ends
+        ]
+        return self._group(result.number, result.status, result.why, workers)
+
+    def _group(
+        self, number: int, status: int, cause: str, workers: list[_groups.WorkerEnd]
+    ) -> GroupAttempt:
+        facts = _groups.engine_facts(os.environ)
+        return GroupAttempt(
+            run=self.run_id,
+            attempt=number,
+            time=_iso(time.time()),
+            status=status,
+            cause=cause,
+            workers=tuple(workers),
+            slurm_job=facts.get("slurm_job"),
+            slurm_restart=facts.get("slurm_restart"),
+        )
+
+    async def _record_group(self, group: GroupAttempt, logdir: str | None = None) -> None:
+        """The group's attempt into the ledger (``_logdir/groups``): this run started every
+        worker, so it is the one that knows how each ended. Bounded; a failure is said."""
+        logdir = logdir or self.config.logdir
+        if logdir is None:
+            return
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(
+                    _append_ledger, logdir, group.to_record(), abandon_on_cancel=True
+                )
+            except Exception as exc:  # a fact for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
 
     async def _reaped(self) -> None:
         """Wait (bounded) until every killed process was reaped: a process left to the
@@ -351,6 +510,8 @@ class ProcessSupervisor:
                     continue
                 control.stop_requested.set()
                 control.changed()
+                if self._outer is not None and self._tg is not None:
+                    self._tg.start_soon(self._record_member_stopping)
                 self.say(
                     "run.stopping",
                     signal=name,
@@ -378,12 +539,16 @@ class ProcessSupervisor:
         while not control.stop_requested.is_set():
             number += 1
             attempt = Attempt(number, await self._start(number), self._limits(), control, self.say)
+            self._attempt = attempt
             result = await attempt.monitor()
             await self._record_ends(attempt.children, result.logdirs)
             if member.restarts is not Restarts.ENGINE:
                 # A --slurm step's status is its tasks' recorded cause; progress, the
                 # history's (an engine's member leaves both to the engine's own run).
                 result = await self._with_history(await self._group_result(result))
+            if config.workers > 1:
+                logdir = config.logdir or next(iter(result.logdirs), None)
+                await self._record_group(self._host_group(result), logdir)
             self.history.append(result)
             self._said_exits(result)
             if member.restarts is Restarts.ENGINE and restartable(result):
@@ -587,6 +752,17 @@ class ProcessSupervisor:
             why=f"a stop may kill the child before its final checkpoint: give --grace at least "
             f"stop_grace_secs + {EXIT_SECS:g}",
         )
+
+
+_LEFT_NO_END = "left no end (its node or its run was lost)"
+
+
+def _iso(timestamp: float) -> str:
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds")
+
+
+def _append_ledger(logdir: str, record: dict[str, Any]) -> None:
+    _ledger.append(Store(logdir), record)
 
 
 def _write_member_end(logdir: str, name: str, end: MemberEnd) -> None:

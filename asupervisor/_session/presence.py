@@ -35,6 +35,7 @@ import anyio
 from .._kinds import JobKind, Phase
 from .._log import log
 from .._logdir import channel as _channel
+from .._logdir import groups as _groups
 from .._logdir import heartbeat as _heartbeat
 from .._logdir import ledger as _ledger
 from .._logdir.heartbeat import Beat, wall
@@ -70,14 +71,15 @@ class Presence:
         self._rt = rt
         sv = rt.sv
         self.session_id = uuid.uuid4().hex[:12]
-        self.env_path = os.environ.get(_heartbeat.ENV_FILE) or None
+        self._host = socket.gethostname()
+        named = os.environ.get(_heartbeat.ENV_FILE) or None
+        self.env_path = None if named is None else _heartbeat.local_path(named, self._host)
         self.channel = _channel.sender()
         # heartbeat_secs=0 turns the heartbeat files off. The runner's channel is memory,
         # not a write, and the runner judges liveness by the beats on it: they go on.
         self.writes_beats = sv.heartbeat_secs > 0
         self.interval = sv.heartbeat_secs or (CHANNEL_BEAT_SECS if self.channel else 0.0)
         self._store = Store(sv.logdir) if sv.logdir is not None and sv.is_chief else None
-        self._host = socket.gethostname()
         self._started_at = time.time()
         self._seen: tuple[int, float] | None = None  # (step, when it was first seen)
         self._pending: list[dict[str, Any]] = []  # ledger lines not written yet
@@ -133,6 +135,7 @@ class Presence:
                 "attempt": _attempt(),
                 "run": os.environ.get(_heartbeat.ENV_RUN) or None,
                 "worker": None if role is None else role.name,
+                **_groups.engine_facts(os.environ),  # SLURM's job, restart count, node
                 "restored_step": report.step,
                 "source": report.source.value,
                 "restored_from": report.path,

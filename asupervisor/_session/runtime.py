@@ -127,6 +127,7 @@ class SessionRuntime:
             _exit.outside_signal,
             lambda: step_deadline(sv, timed_saves, self.presence.channel is not None),
             lambda: self.stepper.first_done is not None,
+            in_group=sv.role is not None,
         )
         self.loopwatch = LoopWatch(
             self.caller,

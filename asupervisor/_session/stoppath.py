@@ -74,8 +74,10 @@ class StopPath:
         outside_signal: Callable[[], str | None],
         step_deadline: Callable[[], float | None] = lambda: None,
         first_step_done: Callable[[], bool] = lambda: True,
+        in_group: bool = False,
     ) -> None:
         self._flag, self._thread, self._services = flag, thread, services
+        self._in_group = in_group  # a worker of a multi-worker job: it can lose a peer
         self._grace = grace_secs
         # A training step that had run this long when the stop came was judged stuck
         # already (the watchdog's step_timeout_secs, the runner's --stuck-after): it is
@@ -408,7 +410,7 @@ class StopPath:
         if self.stuck is not None:
             return Outcome.STUCK
         if error is not None:
-            return outcome_of(error)
+            return outcome_of(error, in_group=self._in_group)
         if reason is StopReason.SIGNAL or signal_name is not None:
             return Outcome.PREEMPTED
         return Outcome.DONE

@@ -44,6 +44,7 @@ COMMANDS = {
     "object_store": "python benchmarks/object_store.py",
     "evaluation_hold": "python benchmarks/evaluation_hold.py",
     "goodput": "python benchmarks/goodput.py",
+    "goodput_slurm": "python benchmarks/goodput.py --slurm --steps 4000 --save-steps 100",
     "fault_report": "python tests/faults/run_report.py",
     "resume_cost": "python benchmarks/resume_cost.py",
     "resume_equivalence": "python benchmarks/resume_equivalence.py",
