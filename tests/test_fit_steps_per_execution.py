@@ -102,9 +102,11 @@ async def test_a_stop_inside_a_call_of_ten_waits_for_its_end_and_saves_there(
     logdir: str,
 ) -> None:
     sessions: list[asv.ManagedSession] = []
+    in_call: list[int] = []
 
     def on_step(step: Any) -> Any:
         if int(step) == 15:  # inside the call of steps 11..20
+            in_call.append(sessions[0].steps_in_call())  # the step deadline's factor
             sessions[0].request_stop()
         return step
 
@@ -115,6 +117,7 @@ async def test_a_stop_inside_a_call_of_ten_waits_for_its_end_and_saves_there(
     assert sess.global_step == 20 == int(model.optimizer.iterations.numpy())
     assert sess.data_position == (0, 20)
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-20")
+    assert in_call == [K]
 
 
 async def test_a_nan_inside_a_call_is_found_at_its_end_and_rolled_back(

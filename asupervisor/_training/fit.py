@@ -207,7 +207,8 @@ class FitRun:
         self.begin = 0  # the batch index fit gave the step in flight
         # The optimizer's count of steps, read around a call of many steps (a call of
         # one needs no count: it trains one batch).
-        self.iterations = _iterations(model) if _steps_per_execution(model) > 1 else None
+        self.per_call = _steps_per_execution(model)  # batches in one call of Keras'
+        self.iterations = _iterations(model) if self.per_call > 1 else None
         self.iterations_before = 0
         self.ctx: Any = None  # the hooks' RunContext of the step in flight
         self.cut = False  # we asked fit to end the resumed epoch after its last batch
@@ -297,7 +298,7 @@ class FitRun:
     def batch_begin(self, batch: int) -> None:
         thread = self.runtime.thread
         thread.check_fence()
-        thread.mark_step()
+        thread.mark_step(steps=self.per_call)  # the deadline is K batches'
         self.begin, self.ctx = batch, self.runtime.stepper.before((), {})
         if self.iterations is not None:
             self.iterations_before = int(self.iterations.numpy())
