@@ -51,6 +51,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/step_overhead.py --health-only
 	$(PY) benchmarks/checkpoint_stall.py
 	$(PY) benchmarks/commit_cost.py
+	$(PY) benchmarks/commit_cost.py --commits 30000 --results commit_cost_30000
 	$(PY) benchmarks/lifecycle_latency.py
 	$(PY) benchmarks/restart_latency.py
 	$(PY) benchmarks/fork_exit.py

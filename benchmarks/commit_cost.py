@@ -3,6 +3,7 @@
     python benchmarks/commit_cost.py                        # 3,000 commits
     python benchmarks/commit_cost.py --commits 3000 30000   # and a run of 30,000
     python benchmarks/commit_cost.py --rounds 200           # the second table's rounds
+    python benchmarks/commit_cost.py --commits 30000 --results commit_cost_30000
 
 **Growth.** A supervised session over a one-variable model saves after every step
 (``max_to_keep=3``, the session's other defaults); each commit is timed from outside,
@@ -154,7 +155,7 @@ async def against_tf(rounds: int, root: str) -> list[dict[str, Any]]:
     ]
 
 
-async def main(commits: Sequence[int], rounds: int) -> None:
+async def main(commits: Sequence[int], rounds: int, results: str) -> None:
     root = tempfile.mkdtemp(dir=os.environ.get("BENCH_DIR"), prefix="commit-cost-")
     growth_rows = []
     for n in commits:
@@ -173,12 +174,13 @@ async def main(commits: Sequence[int], rounds: int) -> None:
     saves = await against_tf(rounds, root)
     for row in saves:
         print(f"{row['saver']:>15}: {row['ms']:.2f} ms ({row[f'{X} tf']:.2f}{X} tf)")
-    write("commit_cost", growth_rows, against_tf=saves)
+    write(results, growth_rows, against_tf=saves)
 
 
 if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--commits", type=int, nargs="+", default=[3000])
     parser.add_argument("--rounds", type=int, default=300)
+    parser.add_argument("--results", default="commit_cost", help="benchmarks/results/NAME.json")
     args = parser.parse_args()
-    anyio.run(main, args.commits, args.rounds)
+    anyio.run(main, args.commits, args.rounds, args.results)

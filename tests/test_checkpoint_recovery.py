@@ -436,6 +436,23 @@ async def test_an_older_logdir_without_a_history_resumes_from_its_state_file(log
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-6")
 
 
+async def test_a_commit_whose_files_a_crash_left_unnamed_restores_the_commit_before_it(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """A commit makes its files' names durable with the history's and the state file's,
+    in one fsync of the directory at its end: a crash before it may leave a history (and
+    a state file) naming a checkpoint whose files are not there. That commit never
+    completed; the one before it, whose files nothing deleted yet, is restored."""
+    await train(logdir, 4)  # 0, 2, 4
+    for name in os.listdir(logdir):
+        if name.startswith("model.ckpt-4."):
+            os.remove(os.path.join(logdir, name))
+    report, a = await restored_step(logdir)
+    assert report.source == "checkpoint" and report.step == 2 and a == 2.0
+    assert [Path(p).name for p, _ in report.skipped] == ["model.ckpt-4"]
+    assert named(events, "checkpoint.fallback")
+
+
 async def test_a_state_file_naming_a_missing_checkpoint_restores_the_newest_whole_one_beside_it(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:

@@ -9,6 +9,7 @@ import re
 import struct
 import subprocess
 import sys
+from dataclasses import replace
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -17,7 +18,7 @@ import pytest
 
 from asupervisor._logdir import ledger as _ledger
 from asupervisor._logdir.events import crc32c, masked_crc32c
-from asupervisor._logdir.history import Commit, History, write_history
+from asupervisor._logdir.history import HISTORY, Commit, History, read_history, write_history
 from asupervisor._logdir.report import inspect_logdir
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
@@ -418,3 +419,46 @@ def test_inspect_shows_the_groups_attempts_which_worker_on_which_host_ended_how_
     assert main(["inspect", "--no-verify", "--json", logdir]) == 0
     shown = capsys.readouterr().out
     assert '"slurm_job": "4711"' in shown and '"first": true' in shown
+
+
+def test_inspect_at_100000_commits_reads_the_history_once_and_prints_its_tail_with_counts(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A run that saved every second for a day or a week: the history remembers only the
+    newest swept commits (``KEEP_GONE``), so what inspect reads and prints is the same at
+    1,000 commits as at 100,000; the counts say how many were made."""
+    from asupervisor._logdir.catalog import KEEP_GONE
+
+    work: list[dict[str, int]] = []
+    reads: list[str] = []
+    read = Store.read
+
+    def counted(self: Store, name: str, *args: Any, **kwargs: Any) -> bytes:
+        reads.append(name)
+        return read(self, name, *args, **kwargs)
+
+    for made in (1_000, 100_000):
+        logdir = str(tmp_path / f"run{made}")
+        os.makedirs(logdir)
+        remembered = KEEP_GONE + 3  # what the sweep leaves in the history
+        write_commits(logdir, commits=remembered, on_disk=3)
+        history = read_history(Store(logdir))
+        first = made - remembered  # the commits before these were forgotten
+        commits = tuple(
+            replace(c, seq=c.seq + first, parent=c.seq + first - 1, step=c.step + first)
+            for c in history.commits
+        )
+        moved = replace(history, commits=commits, head=made, next_seq=made + 1)
+        write_history(Store(logdir), moved)
+        reads.clear()
+        monkeypatch.setattr(Store, "read", counted)
+        listings = count_listings(monkeypatch)
+        assert main(["inspect", "--no-verify", logdir]) == 0
+        out = capsys.readouterr().out.splitlines()
+        assert any(line.startswith(f"run: {made} commits,") for line in out)
+        counts = f"history: {made} commits, the newest {remembered} remembered"
+        assert any(line.startswith(counts) for line in out), out
+        rows = [int(m[1]) for line in out if (m := re.match(r"\s+#(\d+)\s", line))]
+        assert rows == list(range(made - 9, made + 1))  # the tail, the head last
+        work.append({"reads": reads.count(HISTORY), "listings": len(listings), "lines": len(out)})
+    assert work[0] == work[1] and work[0]["reads"] == 1, work

@@ -60,9 +60,14 @@ class Run:
     """One logdir, and the processes that train in it one after the other."""
 
     def __init__(
-        self, directory: str, mode: str, logdir: str | None = None, local: str | None = None
+        self,
+        directory: str,
+        mode: str,
+        logdir: str | None = None,
+        local: str | None = None,
+        per_call: int = 1,
     ) -> None:
-        self.directory, self.mode = directory, mode
+        self.directory, self.mode, self.per_call = directory, mode, per_call
         self.logdir = logdir or os.path.join(directory, "run")
         self.local = local  # a local tier, in front of the logdir
         self.tiers: list[str] = []  # where each start restored from (a local tier's)
@@ -71,19 +76,23 @@ class Run:
         self.process: Trainer | None = None
         self.finished = False
         self.story: list[str] = []  # what was done, for a failure's message
+        self.restored: list[int | None] = []  # the step each start restored
 
     def start(
         self, backend: str = "asyncio", background: bool = False, save_steps: int = 7
     ) -> None:
         args = ["--mode", self.mode, "--record", self.record, "--final", self.final]
         args += ["--backend", backend, "--save-steps", str(save_steps)]
+        args += ["--per-call", str(self.per_call)]
         args += ["--async"] if background else []
         args += ["--local-dir", self.local] if self.local else []
         self.process = Trainer(self.logdir, *args, script=PROGRAM)
         self.story.append(f"start({backend}, async={background}, save_steps={save_steps})")
         process = self.process
+        # The tier's line comes after the restore's: both are known once it is out.
         process.wait_for(lambda: any(line.startswith("tier ") for line in process.lines))
         self.tiers.append(next(ln.split()[1] for ln in process.lines if ln.startswith("tier ")))
+        self.restored.append(process.restored)
 
     def interrupt(self, after: str, count: int, how: str) -> None:
         """``how`` once ``count`` more ``after`` markers are out (or the run has ended)."""
@@ -137,23 +146,25 @@ class Run:
         return dict(np.load(self.final)), trained(self.record)
 
 
-_alone: dict[str, tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]] = {}
+_alone: dict[tuple[str, int], tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]] = {}
 
 
-def left_alone(mode: str) -> tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]:
+def left_alone(
+    mode: str, per_call: int = 1
+) -> tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]:
     """The run left alone (once per test process)."""
-    if mode not in _alone:
+    if (mode, per_call) not in _alone:
         directory = tempfile.mkdtemp(prefix="asv-alone-")
-        run = Run(directory, mode)
+        run = Run(directory, mode, per_call=per_call)
         run.to_the_end()
-        _alone[mode] = run.outcome()
+        _alone[mode, per_call] = run.outcome()
         shutil.rmtree(directory, ignore_errors=True)
-    return _alone[mode]
+    return _alone[mode, per_call]
 
 
 def assert_same_as_left_alone(run: Run) -> None:
     final, batches = run.outcome()
-    reference, reference_batches = left_alone(run.mode)
+    reference, reference_batches = left_alone(run.mode, run.per_call)
     differences = compare(final, reference)
     moved = batch_differences(batches, reference_batches)
     assert differences["weights_bitwise"] and not differences["unequal"], (run.story, differences)
@@ -274,4 +285,36 @@ def test_train_killed_with_two_tiers_in_front_of_a_store_ends_as_left_alone(
     shutil.rmtree(local)  # a new host
     run.to_the_end()
     assert run.tiers == ["None", "local", "store"], run.story
+    assert_same_as_left_alone(run)
+
+
+# -- many steps per call --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("mode", ["train", "fit"])
+def test_ten_steps_per_call_killed_three_times_and_stopped_three_times_ends_as_left_alone(
+    tmp_path: Path, mode: str
+) -> None:
+    """``sess.train(steps_per_loop=10)`` / fit's ``steps_per_execution=10``: SIGKILLed
+    right after a commit and right after a call's end (before its save), SIGTERMed during
+    a call (the stop waits for its end and saves there), on both loops, with synchronous
+    and background saves; the run then ends bitwise as the same run left alone, having
+    trained the same batches in the same order."""
+    run = Run(str(tmp_path), mode, per_call=10)
+    run.start("asyncio", save_steps=15)
+    run.interrupt("save", 1, "SIGKILL")  # just after a commit
+    run.start("trio", background=True)
+    run.interrupt("step", 2, "SIGTERM")
+    run.start("asyncio")
+    run.interrupt("step", 1, "SIGKILL")  # a call ended, its save maybe in flight
+    run.start("trio", save_steps=15)
+    run.interrupt("save", 1, "SIGTERM")
+    run.start("asyncio", background=True, save_steps=15)
+    run.interrupt("step", 1, "SIGKILL")
+    run.start("trio")
+    run.interrupt("step", 1, "SIGTERM")
+    assert not run.finished, run.story  # every interruption came before the run's end
+    # Each start restored a call's boundary: saves and stops are made only there.
+    assert [step % 10 for step in run.restored if step is not None] == [0] * 6, run.restored
+    run.to_the_end()
     assert_same_as_left_alone(run)

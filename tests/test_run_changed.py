@@ -61,3 +61,50 @@ async def test_inspect_shows_where_the_run_was_changed(
     assert out.count("changed at") == 1
     text = " ".join(out[out.index("changed at") :].split())  # one change, wrapped to 100
     assert "(step 1): optimizer opt.learning_rate: restored 0.01, the command gives 0.5" in text
+
+
+async def test_each_save_walks_the_objects_again_only_when_the_variables_changed(
+    logdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The record's walk over the checkpoint's objects costs milliseconds per hundred
+    variables: done again only when the variables a save writes change (Adam's slots,
+    made at its first step), and the record names them then."""
+    import json
+
+    import keras
+    import tensorflow as tf
+
+    from asupervisor._training import makeup
+
+    walks: list[int] = []
+    walk = makeup._walk
+    monkeypatch.setattr(makeup, "_walk", lambda root: walks.append(1) or walk(root))
+    model = keras.Sequential([keras.layers.Dense(1)])  # built at the first step
+    optimizer = keras.optimizers.Adam(0.01)
+    x, y = tf.ones((4, 2)), tf.ones((4, 1))
+
+    @tf.function
+    def step() -> tf.Tensor:
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_mean((model(x) - y) ** 2)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    sv = asv.Supervisor(
+        logdir, checkpoint={"model": model, "opt": optimizer}, save_model_secs=0,
+        save_model_steps=1, save_summaries_secs=0, handle_signals=False,
+    )  # fmt: skip
+    async with sv.session() as sess:
+        for _ in range(2):
+            await sess.run(step)
+        after_two = len(walks)
+        for _ in range(8):
+            await sess.run(step)
+        assert len(walks) == after_two  # eight saves more, the same variables: no walk
+    path = tf.train.latest_checkpoint(logdir)
+    assert path.endswith("-10")
+    kept = "json/.ATTRIBUTES/VARIABLE_VALUE"  # the kept states' variable
+    (key,) = [k for k, _ in tf.train.list_variables(path) if k.endswith(kept)]
+    record = json.loads(tf.train.load_checkpoint(path).get_tensor(key))["run"]["makeup"]
+    assert sorted(record["variables"].values()) == [[1], [2, 1]], record["variables"]

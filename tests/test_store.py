@@ -393,3 +393,22 @@ def test_write_back_is_a_no_op_on_an_object_store() -> None:
 
     with Store("ram://write-back/run").writing_back("model.ckpt-1"):
         assert not [t for t in threading.enumerate() if t.name == "asupervisor-write-back"]
+
+
+def test_write_back_starts_no_thread_for_a_write_whose_last_one_was_short(
+    tmp_path: Path,
+) -> None:
+    """A small model's save ends before a first flush: a thread started and joined at
+    each one would cost more than it saves. A write that took longer gets one."""
+    from asupervisor._logdir.store import WRITE_BACK_SECS, Store
+
+    store = Store(str(tmp_path))
+
+    def threads() -> list[threading.Thread]:
+        return [t for t in threading.enumerate() if t.name == "asupervisor-write-back"]
+
+    with store.writing_back("model.ckpt-1", WRITE_BACK_SECS / 10):
+        assert not threads()
+    for last in (None, WRITE_BACK_SECS * 2):  # the first save, and a long one
+        with store.writing_back("model.ckpt-2", last):
+            assert threads()

@@ -154,6 +154,12 @@ class SavedRoot:
             self._finite = (key, _all_finite(variables))
         return bool(self._finite[1]())
 
+    def variables_key(self) -> tuple[int, ...] | None:
+        """The ids of the floating-point variables the last ``finite`` check found (``None``
+        before the first): what a save writes, for a reader that needs to know whether it
+        changed without walking the objects again."""
+        return None if self._finite is None else self._finite[0]
+
     def float_variables(self) -> list[Any]:
         """The floating-point variables a save writes now (each once)."""
         import tensorflow as tf

@@ -51,6 +51,7 @@ class Writer:
         self.last_saved_step: int | None = None  # the newest step saved (or restored) whole
         self.last_saved_at: float | None = None  # time.monotonic() of that save (None: restored)
         self.failures = 0
+        self.write_secs: float | None = None  # how long the last checkpoint's files took
         self._writer: threading.Thread | None = None
         self.writing: str | None = None  # the path of the background write in flight
         self.writing_step: int | None = None
@@ -107,8 +108,10 @@ class Writer:
         try:
             with self.guard.writing():
                 name = self.catalog.next_name(step)
-                with self.store.writing_back(name):
+                with self.store.writing_back(name, self.write_secs):
+                    began = time.perf_counter()
                     self.root.to_save().write(self.store.path(name))
+                self.write_secs = time.perf_counter() - began
                 self._commit(name, record)
         except (Fenced, LogdirLockedError):
             raise  # not a failed write: this session may not write here any more
@@ -124,10 +127,18 @@ class Writer:
         return path
 
     def _commit(self, name: str, record: Record) -> None:
-        """Files on disk first (fsynced), then the history names them and lets go what the
-        sweep lets go (one write), then the files let go are deleted."""
+        """Files on disk first (their bytes fsynced), then the history names them and lets
+        go what the sweep lets go (one write, fsynced), then the state file, then one
+        fsync of the directory makes every rename durable (the files', the history's, the
+        state file's), then the files let go are deleted.
+
+        The files' names are not synced apart, before the history: a crash before the
+        directory's fsync may leave a history whose head names files not there, a commit
+        that never completed (the save had not returned); a restore counts only a
+        checkpoint that reads back whole, and falls back to the commit before it, whose
+        files are on disk (nothing is deleted before the directory's fsync)."""
         if self.durable:
-            self.store.sync(self.store.files_of(name))
+            self.store.sync(self.store.files_of(name), directory=False)
         # Stamped once its files are written, as TF's manager stamps a save: no file of
         # it is newer than its time, so a history derived again from the state file and
         # the disk (``last_preserved_timestamp``) knows the checkpoints kept every N hours.
@@ -222,8 +233,10 @@ class Writer:
     ) -> None:
         try:
             with self.guard.writing():
-                with self.store.writing_back(name):
+                with self.store.writing_back(name, self.write_secs):
+                    began = time.perf_counter()
                     _async_save.write_snapshot(snapshot, self.store.path(name))
+                self.write_secs = time.perf_counter() - began
                 self._commit(name, record)
         except LogdirLockedError as exc:
             self._fail_for_good(exc)

@@ -54,7 +54,8 @@ def render(report: LogdirReport, every: bool = False) -> str:
 
 def run_line(report: LogdirReport, found: Goodput | None) -> str:
     """The run in one line: how many commits, sessions, restarts, rollbacks."""
-    parts = [f"{len(report.commits)} commits", f"{len(report.sessions)} sessions"]
+    made = max(report.commits_made, len(report.commits))
+    parts = [f"{made} commits", f"{len(report.sessions)} sessions"]
     if found is not None:
         parts.append(f"{len(found.restarts)} restarts")
         if found.segments > 1:  # a person's new start after a clean end: not a restart
@@ -120,8 +121,12 @@ def history_lines(report: LogdirReport, every: bool = False) -> list[str]:
     kept = Counter(c.kept for c in report.commits)
     counts = ", ".join(f"{n} {k}" for k, n in sorted(kept.items()))
     abandoned = sum(c.abandoned_by is not None for c in report.commits)
+    remembered = len(report.commits)
+    total = max(report.commits_made, remembered)
+    # The oldest swept commits are forgotten: the counts say how many were made.
+    which = f"{total} commits, the newest {remembered} remembered" if total > remembered else ""
     lines = [
-        f"history: {len(report.commits)} commits ({counts or 'none'}), "
+        f"history: {which or f'{remembered} commits'} ({counts or 'none'}), "
         f"{len(report.rollbacks)} rollbacks, {abandoned} commits abandoned{derived}"
     ]
     made = Counter(c.run or "-" for c in report.commits)
@@ -129,7 +134,8 @@ def history_lines(report: LogdirReport, every: bool = False) -> list[str]:
         lines.append("  by run: " + ", ".join(f"{cut(shown(r), 12)} {n}" for r, n in made.items()))
     commits = report.commits if every else report.commits[-TAIL:]
     if commits:
-        lines.append(f"commits ({_shown_of(len(report.commits), len(commits), 'commits')}):")
+        what = "remembered commits" if total > remembered else "commits"
+        lines.append(f"commits ({_shown_of(remembered, len(commits), what)}):")
         header = ["commit", "parent", "branch", "step", "kept", "healthy", "run/attempt", "name"]
         rows = [_commit_row(c) for c in commits]
         lines += _indented(columns(header, rows, right={0, 1, 2, 3}))

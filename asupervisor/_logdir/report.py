@@ -101,6 +101,9 @@ class LogdirReport:
     commits: list[CommitInfo] = field(default_factory=list)  # the history, oldest first
     rollbacks: list[RollbackInfo] = field(default_factory=list)
     history_derived: bool = False  # no history file: derived from an older logdir's files
+    # Commits made in the run: more than ``commits`` once the oldest swept ones are
+    # forgotten (the history remembers the newest; its sequence counts every one).
+    commits_made: int = 0
 
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -287,6 +290,7 @@ def inspect_logdir(logdir: str, verify: bool = True) -> LogdirReport:
     report = LogdirReport(logdir, latest, history.head_step())
     report.checkpoints = find_checkpoints(store, names, verify, history)
     report.commits, report.rollbacks = history_of(history)
+    report.commits_made = max(history.next_seq - 1, len(report.commits))
     report.history_derived = history.derived
     records = _ledger.read(store)
     report.sessions = _ledger.sessions(records)

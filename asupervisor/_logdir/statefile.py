@@ -209,8 +209,11 @@ def read(store: Store) -> StateFile | None:
 
 
 def write(store: Store, state: StateFile) -> None:
-    """Replace the state file whole (written aside, fsynced, renamed, the rename synced)."""
-    store.write(STATE, format_state(state).encode())
+    """Replace the state file whole (written aside, renamed, the directory synced: the
+    renames made before it in the logdir too). Its bytes are not fsynced: it follows the
+    history (fsynced, written first), and a state file a power cut damaged is put aside
+    and written again from the history (``put_aside``)."""
+    store.write(STATE, format_state(state).encode(), durable=False)
     store.sync([])
 
 

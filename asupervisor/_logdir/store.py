@@ -264,12 +264,13 @@ class Store:
 
         tf.io.gfile.makedirs(self.root)
 
-    def sync(self, names: list[str]) -> None:
-        """Make ``names`` and the directory's entries durable: fsync each, then the
-        directory (its fsync makes renames in it durable). A no-op on an object store."""
+    def sync(self, names: list[str], *, directory: bool = True) -> None:
+        """Make ``names`` durable: fsync each, then (``directory``) the directory, whose
+        fsync makes the renames in it durable. A no-op on an object store."""
         if not self.local:
             return
-        for path in [*(self.path(n) for n in names), self.root]:
+        paths = [self.path(n) for n in names] + ([self.root] if directory else [])
+        for path in paths:
             fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK)
             try:
                 os.fsync(fd)
@@ -277,14 +278,16 @@ class Store:
                 os.close(fd)
 
     @contextlib.contextmanager
-    def writing_back(self, prefix_name: str) -> Iterator[None]:
+    def writing_back(self, prefix_name: str, last_secs: float | None = None) -> Iterator[None]:
         """While TF writes the checkpoint ``prefix_name``: flush the files of its
         temporary directory (``<prefix>_temp``, where TF's saver writes before it renames)
         every ``WRITE_BACK_SECS`` on a thread of its own, so that the disk writes while TF
         is still serializing and the fsync after the write has little left to do
         (``benchmarks/checkpoint_stall.py`` measures the save against plain Python's
-        write + fsync). A no-op on an object store."""
-        if not self.local:
+        write + fsync). A no-op on an object store, and for a write whose last one took
+        less than ``WRITE_BACK_SECS`` (``last_secs``): it ends before a first flush, and a
+        thread started and joined at each save of a small model costs more than it does."""
+        if not self.local or (last_secs is not None and last_secs < WRITE_BACK_SECS):
             yield
             return
         directory = self.path(prefix_name + "_temp")

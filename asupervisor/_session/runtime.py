@@ -101,9 +101,11 @@ class SessionRuntime:
         self.position = Position()
         self.kept = KeptState()
         self.kept.track("hooks", sv.hooks, [key_of(i, h) for i, h in enumerate(sv.hooks)])
-        self.makeup = Makeup(sv.checkpoint, self.position.reader.pipeline)
-        self.kept.track_one(MAKEUP_KIND, MAKEUP_KEY, self.makeup)
         self.root = SavedRoot(sv.checkpoint, sv.global_step, self.position, self.kept)
+        # Walked again only when the variables a save writes changed (the root checks
+        # them at every save).
+        self.makeup = Makeup(sv.checkpoint, self.position.reader.pipeline, self.root.variables_key)
+        self.kept.track_one(MAKEUP_KIND, MAKEUP_KEY, self.makeup)
         save_steps = sv.save_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         averaging = sv.writes_summaries and sv.summary_fn is None

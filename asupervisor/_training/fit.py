@@ -205,6 +205,11 @@ class FitRun:
         self.callbacks: Any = None  # the CallbackList fit runs (set once, by `callbacks`)
         self.validation: dict[str, Any] = {}
         self.begin = 0  # the batch index fit gave the step in flight
+        # The optimizer's count of steps, read around a call of many steps (a call of
+        # one needs no count: it trains one batch).
+        self.per_call = _steps_per_execution(model)  # batches in one call of Keras'
+        self.iterations = _iterations(model) if self.per_call > 1 else None
+        self.iterations_before = 0
         self.ctx: Any = None  # the hooks' RunContext of the step in flight
         self.cut = False  # we asked fit to end the resumed epoch after its last batch
         self.stopped_by_user = False  # a callback set stop_training during a batch
@@ -293,13 +298,15 @@ class FitRun:
     def batch_begin(self, batch: int) -> None:
         thread = self.runtime.thread
         thread.check_fence()
-        thread.mark_step()
+        thread.mark_step(steps=self.per_call)  # the deadline is K batches'
         self.begin, self.ctx = batch, self.runtime.stepper.before((), {})
+        if self.iterations is not None:
+            self.iterations_before = int(self.iterations.numpy())
 
     def batch_end(self, batch: int, logs: Any) -> None:
         runtime, position = self.runtime, self.runtime.position
         logs = dict(logs or {})
-        batches = batch - self.begin + 1  # more than one with steps_per_execution
+        batches = self._batches_run(batch)
         runtime.stepper.after(
             self.ctx, logs, False, batches=batches, running_means=True, deferred=True
         )
@@ -310,6 +317,22 @@ class FitRun:
         if length is not None and position.batch >= length > batch + 1:
             self.cut = True  # the resumed epoch's last batch, where fit would ask for more
             self.model.stop_training = True
+
+    def _batches_run(self, batch: int) -> int:
+        """How many batches the call that ended at Keras' ``batch`` trained: more than one
+        with ``steps_per_execution``. Keras names a call's last batch ``begin + K - 1``
+        even when the epoch's data ran out inside it (45 batches, K = 10: the last call
+        trains 5 and is named 40..49): a known epoch length, and the optimizer's count of
+        steps when it has one, say how many ran."""
+        batches = batch - self.begin + 1
+        length = self.plan.length
+        if length is not None:
+            batches = min(batches, max(length - self.runtime.position.batch, 1))
+        if self.iterations is not None:
+            ran = int(self.iterations.numpy()) - self.iterations_before
+            if 0 < ran < batches:
+                batches = ran
+        return batches
 
     def boundary(self) -> None:
         """Between two batches (of training or validation): the jobs queued meanwhile
@@ -350,6 +373,20 @@ class FitRun:
             logs.update(_evaluate(self.model, validation, self.callbacks))
         self.callbacks.on_epoch_end(epoch, logs)  # Last moves the position on
         self.stopped_by_keras = bool(self.model.stop_training)
+
+
+def _steps_per_execution(model: Any) -> int:
+    try:
+        return int(getattr(model, "steps_per_execution", 1) or 1)
+    except (TypeError, ValueError):
+        return 1
+
+
+def _iterations(model: Any) -> Any:
+    """The model's optimizer's step counter, if it has one (a Keras optimizer)."""
+    optimizer = getattr(model, "optimizer", None)
+    iterations = getattr(optimizer, "iterations", None)
+    return iterations if hasattr(iterations, "numpy") else None
 
 
 def _with_learning_rate(model: Any, logs: dict[str, Any]) -> dict[str, Any]:

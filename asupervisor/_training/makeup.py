@@ -11,13 +11,18 @@ An optimizer's hyperparameters are compared with the values the command gave, ta
 before the restore: TensorFlow restores a Keras optimizer's learning rate with the
 checkpoint, so a rate changed on the command line of a resumed run would otherwise be
 replaced by the old one, silently.
+
+Walking the objects under the checkpoint costs milliseconds per hundred variables, at
+every save: the walk is done once and again only when the variables a save writes
+changed (``changed``: the saved root's own check of them, made at every save anyway);
+the optimizers' hyperparameters are read at each save (their values may be assigned).
 """
 
 from __future__ import annotations
 
 import json
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from .._log import log
@@ -35,9 +40,17 @@ class Makeup:
     """The run's makeup (``state``: as the kept-state protocol asks), and the check of a
     restored one against it (``restore``)."""
 
-    def __init__(self, root: Any, pipeline: Callable[[], str]) -> None:
+    def __init__(
+        self,
+        root: Any,
+        pipeline: Callable[[], str],
+        variables_key: Callable[[], Hashable | None] = lambda: None,
+    ) -> None:
         self._root = root  # the user's checkpoint: what a save writes
         self._pipeline = pipeline  # the fingerprint of the pipeline read now ("": none)
+        # The variables a save writes, as last checked (None: not known, walk again).
+        self._variables_key = variables_key
+        self._walked: tuple[Hashable, Walked] | None = None  # (key, the walk under it)
         self._given: dict[str, dict[str, Any]] = {}  # the command's values (``before_restore``)
         self.changed: list[str] = []  # what differed from the commit restored (``restore``)
 
@@ -46,16 +59,20 @@ class Makeup:
         self._given = optimizers(self._root)
 
     def state(self) -> dict[str, Any]:
-        return {
-            "variables": variables(self._root),
-            "optimizers": optimizers(self._root),
-            "command": list(sys.argv),
-            "pipeline": self._pipeline(),
-        }
+        """The record a save keeps: the walk of the objects reused while the variables
+        a save writes are the same ones."""
+        key = self._variables_key()
+        if key is None or self._walked is None or self._walked[0] != key:
+            walked = Walked(self._root)
+            if key is None:
+                return walked.record(self._pipeline())
+            self._walked = (key, walked)
+        return self._walked[1].record(self._pipeline())
 
     def restore(self, state: Mapping[str, Any]) -> None:
         """The record of the commit restored: what differs from the run now is logged."""
-        changed = self.changed = differences(state, self.state(), self._given)
+        now = Walked(self._root).record(self._pipeline())  # after the restore: walked anew
+        changed = self.changed = differences(state, now, self._given)
         if changed:
             hint = HINT if any(line.startswith("optimizer") for line in changed) else None
             log.warning("run.changed", changed=changed, hint=hint)
@@ -126,11 +143,32 @@ def _walk(root: Any) -> list[tuple[str, Any]]:
     return found
 
 
+class Walked:
+    """One walk of the objects under a root: its variables' shapes, its optimizers."""
+
+    def __init__(self, root: Any) -> None:
+        found = _walk(root)
+        self.variables = _variables(found)
+        self.optimizers = [(where, obj) for where, obj in found if _is_optimizer(obj)]
+
+    def record(self, pipeline: str) -> dict[str, Any]:
+        return {
+            "variables": self.variables,
+            "optimizers": _configs(self.optimizers),
+            "command": list(sys.argv),
+            "pipeline": pipeline,
+        }
+
+
 def variables(root: Any) -> dict[str, list[int | None]]:
     """The variables under ``root``: their path in the checkpoint (not a Keras path,
     which Keras numbers per process) to their shape."""
+    return _variables(_walk(root))
+
+
+def _variables(found: list[tuple[str, Any]]) -> dict[str, list[int | None]]:
     out: dict[str, list[int | None]] = {}
-    for where, obj in _walk(root):
+    for where, obj in found:
         shape = getattr(obj, "shape", None)
         if hasattr(obj, "assign") and shape is not None:
             try:
@@ -143,10 +181,12 @@ def variables(root: Any) -> dict[str, list[int | None]]:
 def optimizers(root: Any) -> dict[str, dict[str, Any]]:
     """Each Keras optimizer under ``root`` (by its path) with its hyperparameters as JSON
     values (its name left out: Keras numbers it per process)."""
+    return _configs([(where, obj) for where, obj in _walk(root) if _is_optimizer(obj)])
+
+
+def _configs(found: list[tuple[str, Any]]) -> dict[str, dict[str, Any]]:
     out: dict[str, dict[str, Any]] = {}
-    for where, obj in _walk(root):
-        if not _is_optimizer(obj):
-            continue
+    for where, obj in found:
         try:
             config = dict(obj.get_config())
         except Exception:  # an optimizer that cannot say: nothing to compare

@@ -34,6 +34,9 @@ COMMANDS = {
     "health_check": "python benchmarks/step_overhead.py --health-only",
     "checkpoint_stall": "python benchmarks/checkpoint_stall.py",
     "commit_cost": "python benchmarks/commit_cost.py",
+    "commit_cost_30000": (
+        "python benchmarks/commit_cost.py --commits 30000 --results commit_cost_30000"
+    ),
     "lifecycle_latency": "python benchmarks/lifecycle_latency.py",
     "restart_latency": "python benchmarks/restart_latency.py",
     "fork_exit": "python benchmarks/fork_exit.py",

@@ -2,13 +2,16 @@
 
     python tests/faults/deterministic.py LOGDIR --mode train|fit [--epochs N]
         [--save-steps N] [--async] [--backend asyncio|trio] [--record FILE] [--final FILE]
+        [--per-call K]
 
 Everything that could differ between two runs is seeded: Keras' and TF's seeds, op
 determinism, Dropout (a Keras ``SeedGenerator``), a shuffled ``tf.data`` pipeline (a
 function of the epoch, as the docs' recipe says), Adam. ``--mode train`` is a custom
 step under ``sess.train(step, data, epochs=)`` with a learning-rate schedule and a hook
 that keeps ``state()``; ``--mode fit`` is ``sess.fit`` with validation data,
-EarlyStopping, ReduceLROnPlateau and ModelCheckpoint(save_best_only).
+EarlyStopping, ReduceLROnPlateau and ModelCheckpoint(save_best_only). ``--per-call K``
+runs K steps in one call: ``sess.train(steps_per_loop=K)``, or fit's
+``compile(steps_per_execution=K)``.
 
 Each example carries its id in its last column; every batch a step trains appends
 ``<step> <ids...>`` to ``--record`` (the step is the optimizer's iterations before the
@@ -55,6 +58,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--record", default=None)
     parser.add_argument("--final", default=None)
     parser.add_argument("--local-dir", default=None, help="save into a local tier there")
+    parser.add_argument("--per-call", type=int, default=1)
     return parser.parse_args(argv)
 
 
@@ -184,7 +188,12 @@ def main(args: argparse.Namespace) -> int:
             optimizer = keras.optimizers.Adam(schedule)
         else:
             optimizer = keras.optimizers.Adam(0.01)
-        model.compile(optimizer=optimizer, loss="mse", jit_compile=False)
+        model.compile(
+            optimizer=optimizer,
+            loss="mse",
+            jit_compile=False,
+            steps_per_execution=args.per_call if args.mode == "fit" else 1,
+        )
         model.optimizer.build(model.trainable_variables)
     seeds = [v for layer in model.layers for v in vars(layer).values()
              if isinstance(v, keras.random.SeedGenerator)]  # fmt: skip
@@ -270,7 +279,7 @@ def main(args: argparse.Namespace) -> int:
             print(f"restored {at}", flush=True)
             print(f"tier {sess.restore_report.tier}", flush=True)
             if args.mode == "train":
-                await sess.train(step, data, epochs=args.epochs)
+                await sess.train(step, data, epochs=args.epochs, steps_per_loop=args.per_call)
             else:
                 await sess.fit(
                     model,
