@@ -68,6 +68,7 @@ from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget, restartable
 from .group import Restarts, StatusMap, membership
+from .local_tier import local_tier_env
 from .process import Proc, adopt, spawn
 from .progress import recorded
 from .slurm import (
@@ -140,6 +141,10 @@ class RunConfig:
     # --slurm's outer run: its child is a step of this many tasks, each an asupervisor run
     # that records its end in the logdir (group_status decides the step's status from them).
     step_tasks: int = 0
+    # --local-dir: every child's sessions save to this directory of the host first (the
+    # local tier; checked by the command line), every local_save_secs (None: their own).
+    local_dir: str | None = None
+    local_save_secs: float | None = None
 
 
 class CannotStart(Exception):
@@ -520,6 +525,7 @@ class ProcessSupervisor:
             if config.stuck_after is not None:
                 env[_heartbeat.ENV_STUCK_AFTER] = repr(config.stuck_after)
             env.pop(_channel.ENV, None)  # each process gets its own
+            env.update(local_tier_env(config.local_dir, config.local_save_secs))
             if configs is not None:
                 env["TF_CONFIG"] = configs[rank]
             proc, how = await self._launch(rank, env)
