@@ -61,6 +61,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/object_store.py
 	$(PY) benchmarks/evaluation_hold.py
 	$(PY) benchmarks/goodput.py
+	$(PY) benchmarks/goodput.py --store gcs --local-tier
 	$(PY) benchmarks/resume_cost.py
 	$(PY) benchmarks/resume_equivalence.py
 	$(PY) benchmarks/resume_equivalence.py --workers
