@@ -10,6 +10,7 @@ from __future__ import annotations
 from importlib import metadata as _metadata
 
 from ._checkpointing.checkpointer import RestoreReport
+from ._checkpointing.tiers import LocalTier
 from ._errors import (
     CheckpointMismatchError,
     CheckpointSaveError,
@@ -55,6 +56,7 @@ __all__ = [
     "GracePeriodExpired",
     "Hook",
     "KeepBest",
+    "LocalTier",
     "LogdirLockedError",
     "ManagedSession",
     "NanLossError",

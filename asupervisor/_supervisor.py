@@ -14,7 +14,9 @@ from contextlib import asynccontextmanager
 from typing import TYPE_CHECKING, Any
 
 from . import _validate as check
+from ._checkpointing import tiers as _tiers
 from ._checkpointing.root import user_checkpoint
+from ._checkpointing.tiers import LocalTier
 from ._cluster import Role, multi_worker_role
 from ._logdir.retention import KeepBest
 from ._logdir.store import is_object_store, no_file_system, unreachable
@@ -71,6 +73,7 @@ class Supervisor:
         keep_best: KeepBest | None = None,
         on_divergence: Rollback | str | None = None,
         heartbeat_secs: float = 2.0,
+        local_tier: LocalTier | None = None,
     ) -> None:
         self.logdir = _check_logdir(logdir)
         self.strategy, self.role = _find_strategy(strategy)
@@ -101,6 +104,7 @@ class Supervisor:
         self.keep_best = _check_keep_best(keep_best, self.async_checkpoint, self.logdir)
         self.on_divergence = _check_divergence(on_divergence)
         self.heartbeat_secs = check.non_negative("heartbeat_secs", heartbeat_secs)
+        self.local_tier = _check_local_tier(local_tier, self.logdir, self.keep_best, self.role)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
         # The user's checkpoint object, read at each save (what it holds *then* is saved).
         self.checkpoint = user_checkpoint(checkpoint, self.global_step)
@@ -134,8 +138,24 @@ class Supervisor:
         return (
             (self.is_chief or self.role is not None)
             and self.logdir is not None
-            and (self.save_model_secs > 0 or self.save_model_steps is not None)
+            and (
+                self.save_model_secs > 0
+                or self.save_model_steps is not None
+                or self.local_tier is not None
+            )
         )
+
+    @property
+    def save_steps(self) -> int | None:
+        """Save every this many steps: the local tier's interval when there is one."""
+        tier = self.local_tier
+        return self.save_model_steps if tier is None else tier.save_steps
+
+    @property
+    def save_secs(self) -> float:
+        """Save every this many seconds (0: never): the local tier's when there is one."""
+        tier = self.local_tier
+        return self.save_model_secs if tier is None else (tier.save_secs or 0.0)
 
     @property
     def given_summary_writer(self) -> tf.summary.SummaryWriter | None:
@@ -374,6 +394,44 @@ def _check_keep_best(keep_best: Any, async_checkpoint: bool, logdir: str | None)
             "there could be read half-written"
         )
     return keep_best
+
+
+def _check_local_tier(
+    tier: Any, logdir: str | None, keep_best: KeepBest | None, role: Role | None
+) -> LocalTier | None:
+    """The local tier given, else the one ``asupervisor run --local-dir`` asks of its
+    children (``ASUPERVISOR_LOCAL_DIR``); ``None`` where it cannot serve."""
+    given = tier is not None
+    if given and not isinstance(tier, LocalTier):
+        raise ValueError(
+            f"local_tier must be an asupervisor.LocalTier or None, not {tier!r} "
+            "(e.g. asv.LocalTier('/dev/shm/ckpt'))"
+        )
+    chosen: LocalTier | None = tier if given else _tiers.from_env()
+    if chosen is None:
+        return None
+    if logdir is None:
+        if given:
+            raise ValueError("local_tier needs a logdir: the mirror copies the local saves there")
+        return None
+    if keep_best is not None and keep_best.export is not None:
+        if given:
+            raise ValueError(
+                "local_tier with keep_best=KeepBest(export=...): an export is written when "
+                "its checkpoint is committed, with the model in that state; local saves "
+                "are written in the background, committed steps later"
+            )
+        return None
+    if role is not None:
+        # Every worker takes part in each save of a multi-worker job, and the chief's
+        # choice is restored by all: only a checkpoint every worker can read serves.
+        if given:
+            raise ValueError(
+                "local_tier is for a job of one process: in a multi-worker job every "
+                "worker restores the chief's choice, which must be in the logdir"
+            )
+        return None
+    return chosen
 
 
 def _check_divergence(policy: Any) -> Rollback | None:

@@ -21,8 +21,10 @@ from .._logdir.history import Provenance
 from .._logdir.lock import WriteGuard
 from .._logdir.retention import KeepBest, Retention
 from .._logdir.store import Store
+from .local import Tier, TwoTiers
 from .restorer import Restorer
 from .root import SavedRoot
+from .tiers import LocalTier
 from .writer import Writer
 
 
@@ -35,6 +37,9 @@ class RestoreReport:
     step: int
     skipped: tuple[tuple[str, str], ...] = ()
     """Unreadable checkpoints passed over, as (path, reason)."""
+    tier: str | None = None
+    """With a local tier: which tier the checkpoint was read from, ``"local"`` or
+    ``"store"`` (the logdir); ``None`` without one."""
 
 
 class Checkpointer:
@@ -55,6 +60,7 @@ class Checkpointer:
         keep_best: KeepBest | None = None,
         lookback: int | None = None,
         provenance: Provenance | None = None,
+        local: LocalTier | None = None,
     ) -> None:
         guard = guard or WriteGuard(None)
         self.root = root
@@ -79,6 +85,24 @@ class Checkpointer:
             durable=durable,
             on_fatal=on_fatal,
         )
+        # With a local tier the session saves there, and the mirror commits each copy
+        # into this logdir with this retention (the logdir's history stays the record).
+        self.tiers: TwoTiers | None = None
+        if local is not None:
+            self.tiers = TwoTiers(
+                local,
+                root,
+                self.catalog,
+                retention,
+                guard,
+                logdir=directory,
+                basename=basename,
+                durable=durable,
+                on_fatal=on_fatal,
+                provenance=provenance,
+            )
+            self.writer = self.tiers.writer
+        self._last_restorer = self.restorer
 
     # -- what the session's other parts read -------------------------------------------
 
@@ -101,23 +125,96 @@ class Checkpointer:
     def wait_for_write(self, timeout: float | None = None) -> bool:
         return self.writer.wait_for_write(timeout)
 
+    def wait_for_mirror(self, timeout: float | None = None) -> bool:
+        """Until the logdir holds every local commit offered to the mirror (at once
+        without a local tier); ``False`` if not after ``timeout`` seconds."""
+        return True if self.tiers is None else self.tiers.mirror.wait(timeout)
+
+    def copied(self) -> bool:
+        """Whether the mirror has copied a commit since ``take_copied`` last looked."""
+        return self.tiers is not None and bool(self.tiers.mirror.copied)
+
+    def take_copied(self) -> int:
+        """How many commits the mirror copied since the last look (taken)."""
+        copied = 0
+        while self.tiers is not None and self.tiers.mirror.copied:
+            self.tiers.mirror.copied.popleft()
+            copied += 1
+        return copied
+
+    def finish_mirror(self, timeout: float | None = None) -> bool:
+        """At the session's end: the newest local commit goes to the logdir too (whatever
+        ``mirror_every`` says), within ``timeout`` seconds; ``False`` if not copied."""
+        if self.tiers is None:
+            return True
+        self.tiers.offer_head()
+        return self.tiers.mirror.wait(timeout)
+
+    def steps_at_risk(self) -> int | None:
+        """Steps committed locally that the logdir does not hold yet (``None``: no
+        local tier)."""
+        return None if self.tiers is None else self.tiers.mirror.steps_at_risk()
+
+    def close(self) -> None:
+        """No more copies to the logdir begin (what is left is said)."""
+        if self.tiers is not None:
+            self.tiers.mirror.close()
+
+    @property
+    def restored_tier(self) -> Tier | None:
+        return None if self.tiers is None else self.tiers.source
+
+    def settle_mirror(self, timeout: float) -> None:
+        """A rollback: the logdir gets what the mirror has (within ``timeout``); what is
+        still waiting then is dropped (the rollback abandons it)."""
+        if self.tiers is not None and not self.tiers.mirror.wait(timeout):
+            self.tiers.mirror.drop_pending()
+
+    def rolled_back(self, name: str) -> None:
+        """A rollback went back to ``name``: the local tier's head goes back with it."""
+        if self.tiers is not None:
+            self.tiers.rolled_back(name)
+
+    def store_of(self, path: str) -> Store:
+        """The tier's store that holds ``path``."""
+        if self.tiers is not None and self.tiers.store.name_of(path) is not None:
+            return self.tiers.store
+        return self.store
+
+    def path_of(self, name: str) -> str:
+        """Where a committed checkpoint of the logdir's is read fastest: its local copy
+        if the local tier holds it, else the logdir's."""
+        local = None if self.tiers is None else self.tiers.path_of(name)
+        return local or self.store.path(name)
+
     def latest_committed(self) -> str | None:
         return self.writer.latest_committed()
 
     @property
+    def last_restorer(self) -> Restorer:
+        """The restorer of the last restore: the local tier's, or the logdir's."""
+        return self._last_restorer
+
+    @property
     def restore_status(self) -> Any:
-        return self.restorer.restore_status
+        return self.last_restorer.restore_status
 
     # -- restoring -----------------------------------------------------------------------
 
     def restore_newest(self) -> tuple[str | None, list[tuple[str, str]]]:
+        if self.tiers is not None:
+            found = self.tiers.restore_newest(self.restorer)
+            local = self.tiers.source == "local"
+            self._last_restorer = self.tiers.restorer if local else self.restorer
+            return found
         return self.restorer.restore_newest()
 
     def restore(self, path: str) -> None:
+        self._last_restorer = self.restorer
         self.restorer.restore(path)
 
     def restored(self, path: str) -> None:
         """The session restored ``path``: the last good checkpoint (of unknown time)."""
         order = self.catalog.names.order(path)
-        if order is not None and not self.restorer.migrated:  # a foreign number is no step
+        if order is not None and not self.last_restorer.migrated:  # a foreign number is no step
             self.writer.restored(order[0])

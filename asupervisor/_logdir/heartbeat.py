@@ -87,6 +87,9 @@ class Beat:
     # the step deadline bounds it, the longer one other work. An older writer's beat
     # does not say: judged as a step.
     training: bool = True
+    # With a local tier: the steps committed locally that the logdir does not hold yet
+    # (lost if the host never comes back); None without one.
+    steps_at_risk: int | None = None
 
     @property
     def at_step(self) -> str:

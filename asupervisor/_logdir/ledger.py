@@ -102,6 +102,7 @@ class SessionRecord:
     started: str | None = None
     restored_step: int | None = None
     source: str | None = None
+    restored_tier: str | None = None  # with a local tier: "local" or "store"
     restored_commit_at: float | None = None  # when what it restored was committed
     first_step_at: float | None = None  # when its first step ended
     ended: str | None = None

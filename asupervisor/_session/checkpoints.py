@@ -40,6 +40,7 @@ if TYPE_CHECKING:
     from .stopping import StopFlag
 
 WATCH = ("divergence", "loss_watch")  # the kept state's kind and key of the loss window
+MIRROR_SETTLE_SECS = 60.0  # a rollback waits this long at most for the mirror
 
 
 class SessionCheckpoints:
@@ -66,6 +67,7 @@ class SessionCheckpoints:
         self.agreement: Agreement | None = None
         self.deferred: tuple[str, str] | None = None  # (checkpoint, a value not taken yet)
         self._began = False
+        self._at_risk: int | None = None  # the last run/steps_at_risk written
         policy = sv.on_divergence
         self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
         if self.losses is not None:
@@ -206,6 +208,20 @@ class SessionCheckpoints:
             self.stepper.state_saved(runs)
             if hooks:
                 self.call_after_save(step, path)
+        if hooks:  # at a step boundary: the events file is open
+            self._steps_at_risk()
+
+    def _steps_at_risk(self) -> None:
+        """With a local tier: ``run/steps_at_risk`` (committed locally, not yet in the
+        logdir) in TensorBoard, at each local commit and each copy the mirror made."""
+        checkpointer = self.checkpointer
+        at_risk = None if checkpointer is None else checkpointer.steps_at_risk()
+        if checkpointer is None or at_risk is None:
+            return
+        checkpointer.take_copied()
+        if at_risk != self._at_risk:
+            self._at_risk = at_risk
+            self.events.write({"run/steps_at_risk": float(at_risk)}, self.step.value)
 
     # -- going back ----------------------------------------------------------------------
 
@@ -270,6 +286,10 @@ class SessionCheckpoints:
             raise DivergedError(f"{what}, and no checkpoint is there to roll back to")
         checkpointer.wait_for_write()
         self.saves_done(hooks=False)
+        # With a local tier the logdir's history decides where to go back to: it must
+        # hold what was committed locally first (bounded; what is not copied by then is
+        # not a target, and is abandoned with the rest).
+        checkpointer.settle_mirror(MIRROR_SETTLE_SECS)
         catalog = checkpointer.catalog
         done = catalog.history.divergences()
         if len(done) >= policy.max_rollbacks:
@@ -282,7 +302,7 @@ class SessionCheckpoints:
         target = self._restore_target(checkpointer, diverged - policy.lookback)
         if target is None:
             raise DivergedError(f"{what}, and no healthy checkpoint is there to roll back to")
-        path = checkpointer.store.path(target.name)
+        path = checkpointer.path_of(target.name)
         self._restored(checkpointer, path)
         restored = self.step.value
         dropped, moved = 0, None
@@ -291,6 +311,7 @@ class SessionCheckpoints:
             self.position.go_to(*moved)
             dropped = max(0, diverged - restored) + policy.skip
         self.stepper.recovered()
+        checkpointer.rolled_back(target.name)  # the local tier's history goes back too
         catalog.roll_back(  # with the moved position: a restart before the branch commit
             target.seq,
             kind="divergence",
@@ -329,8 +350,8 @@ class SessionCheckpoints:
             if target is None:
                 return None
             tried.add(target.seq)
-            path = checkpointer.store.path(target.name)
-            problem = checkpoint_problem(checkpointer.store, path)
+            path = checkpointer.path_of(target.name)
+            problem = checkpoint_problem(checkpointer.store_of(path), path)
             if problem is not None:
                 log.warning("checkpoint.fallback", skipped=path, reason=problem)
                 continue
@@ -348,7 +369,7 @@ class SessionCheckpoints:
         if self.deferred is None or self.checkpointer is None:
             return
         (path, _), self.deferred = self.deferred, None
-        left = unrestored(self.checkpointer.restorer.take_restore_status())
+        left = unrestored(self.checkpointer.last_restorer.take_restore_status())
         if left is not None:
             raise CheckpointMismatchError(
                 f"checkpoint {path} was not fully restored: after the first step no object "

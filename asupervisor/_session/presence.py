@@ -135,6 +135,7 @@ class Presence:
                 "restored_step": report.step,
                 "source": report.source.value,
                 "restored_from": report.path,
+                "restored_tier": report.tier,
                 "restored_commit_at": None,  # read from the history, off the loop
                 "changed": changed or None,
             }
@@ -310,6 +311,7 @@ class Presence:
             last_commit_at=None if checkpointer is None else wall(checkpointer.last_saved_at),
             outcome=None if final is None else final.outcome,
             exit_status=None if final is None else final.exit_status,
+            steps_at_risk=None if checkpointer is None else checkpointer.steps_at_risk(),
         )
 
     def _write(self, lines: list[dict[str, Any]], beat: bytes | None, owns_logdir: bool) -> None:

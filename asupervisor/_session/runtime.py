@@ -104,15 +104,15 @@ class SessionRuntime:
         self.makeup = Makeup(sv.checkpoint, self.position.reader.pipeline)
         self.kept.track_one(MAKEUP_KIND, MAKEUP_KEY, self.makeup)
         self.root = SavedRoot(sv.checkpoint, sv.global_step, self.position, self.kept)
-        save_steps = sv.save_model_steps if sv.checkpointing else None
+        save_steps = sv.save_steps if sv.checkpointing else None
         summary_steps = sv.save_summaries_steps if sv.writes_summaries else None
         averaging = sv.writes_summaries and sv.summary_fn is None
         self.summaries = SessionSummaries(
             self.events, self.step, sv.summary_fn, sv.rate_tag, averaging
         )
         # In a multi-worker job only the chief's clock decides (timed_save); see _cluster.
-        timed = timed_saves and sv.checkpointing and sv.is_chief and sv.save_model_secs > 0
-        save_secs = sv.save_model_secs if timed else None
+        timed = timed_saves and sv.checkpointing and sv.is_chief and sv.save_secs > 0
+        save_secs = sv.save_secs if timed else None
         self.stepper = Stepper(
             self, self.step, sv.hooks, self.summaries, save_steps, summary_steps, save_secs
         )
@@ -296,7 +296,7 @@ class SessionRuntime:
         from .._cluster import DecisionKind
 
         checkpointer = self.checkpointer
-        if checkpointer is not None and checkpointer.writer.completed:
+        if checkpointer is not None and (checkpointer.writer.completed or checkpointer.copied()):
             self.checkpoints.saves_done(hooks=True)
         agreement = self.agreement
         if agreement is not None and agreement.pending:

@@ -43,6 +43,9 @@ async def close(rt: SessionRuntime) -> None:
             done = await _off_loop(checkpointer.wait_for_write, stop.closing(), stop.closing())
             if not done and rt.flag.error is None:
                 log.error("checkpoint.write_unfinished", grace_secs=rt.sv.stop_grace_secs)
+            if done:  # the final save is local first; the mirror copies it in what is left
+                await _off_loop(checkpointer.finish_mirror, stop.closing(), stop.closing())
+        checkpointer.close()  # no copy to the logdir begins any more (what is left is said)
         rt.checkpoints.saves_done(hooks=False)  # on disk now: not counted as lost
     ending = stop.end(
         step=rt.step.value,

@@ -113,6 +113,7 @@ def _open(rt: SessionRuntime) -> Opened:
                 keep_best=sv.keep_best,
                 lookback=None if sv.on_divergence is None else sv.on_divergence.lookback,
                 provenance=Provenance.of_session(rt.presence.session_id),
+                local=sv.local_tier if sv.is_chief else None,
             )
     rt.events.open(rt.thread.on_thread)
     rt.events.set_default(rt.step.for_summaries())
@@ -208,7 +209,7 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
     if path is not None and rt.checkpointer is not None:
         checkpointer = rt.checkpointer
         checkpointer.restored(path)
-        if checkpointer.restorer.migrated:
+        if checkpointer.last_restorer.migrated:
             log.warning("checkpoint.migrated", path=path, step=step.value)
         _resume_rollback(rt, checkpointer, path)
         waiting = unrestored(checkpointer.restore_status)
@@ -223,8 +224,11 @@ def _restore_or_init(rt: SessionRuntime, max_wait_secs: float) -> RestoreReport:
             step=step.value,
             skipped=len(skipped),
             seconds=round(time.perf_counter() - started, 4),
+            tier=checkpointer.restored_tier,
         )
-        report = RestoreReport(RestoreSource.CHECKPOINT, path, step.value, tuple(skipped))
+        report = RestoreReport(
+            RestoreSource.CHECKPOINT, path, step.value, tuple(skipped), checkpointer.restored_tier
+        )
     else:
         source = RestoreSource.FRESH
         # Every worker of a multi-worker job holds its own copy of the variables.

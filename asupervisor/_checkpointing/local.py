@@ -1,0 +1,212 @@
+"""The local tier of one session: its saves, its history, its restore, and the mirror.
+
+The session saves into the local tier (``LocalWriter``: a snapshot on the training
+thread, the files written and committed by a thread of its own, one write in flight and a
+timed save skipped while one runs); each commit is offered to the ``Mirror``, which copies
+it into the logdir. The logdir's history stays the run's record; the local tier's is a
+history of its own over its few newest commits.
+
+A restore (``TwoTiers.restore_newest``) takes the local tier first when its newest commit
+is at least as new as the logdir's head and no rollback of the logdir abandoned it, then
+falls back to the logdir as a session without a local tier would; it says which tier it
+read (``source``). After a local restore, a commit the logdir lacks is offered to the
+mirror.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING, Any, Literal
+
+from .._log import log
+from .._logdir.catalog import Catalog
+from .._logdir.files import remove_unfinished
+from .._logdir.history import History, Provenance, index_names, mtime_of
+from .._logdir.records import Record
+from .._logdir.retention import Facts, Retention
+from .._logdir.store import Store
+from .mirror import Mirror, record_of
+from .restorer import Restorer
+from .writer import Writer
+
+if TYPE_CHECKING:
+    from .._logdir.lock import WriteGuard
+    from .root import SavedRoot
+    from .tiers import LocalTier
+
+Tier = Literal["local", "store"]
+
+
+class LocalCatalog(Catalog):
+    """The local tier's history; a new name is one neither tier has used."""
+
+    def __init__(self, store: Store, basename: str, remote: Catalog, **kwargs: Any) -> None:
+        super().__init__(store, basename, **kwargs)
+        self.remote = remote
+
+    def next_name(self, step: int) -> str:
+        taken = (
+            index_names(self.store)
+            | {c.name for c in self.history.commits}
+            | {c.name for c in self.remote.history.commits}
+        )
+        return self.names.build(step, taken)
+
+
+class LocalRetention(Retention):
+    """The newest ``keep`` local commits, and the ones the mirror still needs."""
+
+    def __init__(self, store: Store, keep: int, mirror: Mirror) -> None:
+        super().__init__(store, keep, None)
+        self.mirror = mirror
+
+    def keeps(self, facts: Facts) -> set[int]:
+        pinned = self.mirror.pinned()
+        kept = {c.seq for c in facts.history.commits if c.name in pinned}
+        return super().keeps(facts) | kept
+
+
+class LocalWriter(Writer):
+    """Writes the session's saves into the local tier, in the background; each commit
+    is offered to the mirror."""
+
+    def __init__(self, *args: Any, mirror: Mirror, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mirror = mirror
+
+    def save(self, step: int, record: Record, **kwargs: Any) -> str | None:
+        writer = self._writer
+        busy = writer is not None and writer.is_alive()
+        if busy and not kwargs.get("final") and not kwargs.get("force"):
+            # One write in flight: a timed save while it runs is skipped, not queued
+            # (the next one comes at the next interval).
+            log.debug("checkpoint.local_skipped", step=step, writing=self.writing)
+            return None
+        return super().save(step, record, **kwargs)
+
+    def _commit(self, name: str, record: Record) -> None:
+        super()._commit(name, record)
+        commit = self.catalog.history.by_name(name)
+        if commit is not None:
+            self.mirror.committed(name, record_of(commit))
+
+    def _saved(self, step: int, path: str, seconds: float, blocked: float) -> None:
+        super()._saved(step, path, seconds, blocked)
+        log.debug("checkpoint.local_saved", step=step, steps_at_risk=self.mirror.steps_at_risk())
+
+
+class TwoTiers:
+    """The local tier of one session's logdir, and the mirror behind it."""
+
+    def __init__(
+        self,
+        tier: LocalTier,
+        root: SavedRoot,
+        remote: Catalog,
+        remote_retention: Retention,
+        guard: WriteGuard,
+        *,
+        logdir: str,
+        basename: str,
+        durable: bool,
+        on_fatal: Any,
+        provenance: Provenance | None,
+    ) -> None:
+        self.tier = tier
+        self.directory = tier.tier_dir(logdir)
+        self.store = store = Store(self.directory)
+        store.make()
+        self.remote = remote
+        chief = guard.lock is not None
+        if chief:
+            leftovers = remove_unfinished(store, basename)
+            if leftovers:
+                log.info("checkpoint.unfinished_removed", paths=leftovers, tier="local")
+        self.catalog = LocalCatalog(store, basename, remote, writer=chief, provenance=provenance)
+        self.catalog.load()
+        self.mirror = Mirror(store, remote, remote_retention, guard, every=tier.mirror_every)
+        self.retention = LocalRetention(store, tier.keep, self.mirror)
+        self.restorer = Restorer(root, self.catalog, guard)
+        self.writer = LocalWriter(
+            root,
+            self.catalog,
+            self.retention,
+            guard,
+            async_write=True,
+            durable=durable,
+            on_fatal=on_fatal,
+            mirror=self.mirror,
+        )
+        self.source: Tier | None = None  # the tier the last restore read
+
+    # -- restoring -------------------------------------------------------------------
+
+    def _newest_local(self) -> float | None:
+        """When the local tier's newest checkpoint was made (its head, or a whole one a
+        kill left uncommitted), if it may be restored: one a rollback of the logdir
+        abandoned never is."""
+        history, abandoned = self.catalog.history, self._abandoned()
+        times = [c.time for c in history.line() if c.name not in abandoned][:1]
+        times += [t for n in self.catalog.orphans()[:1] if (t := mtime_of(self.store, n))]
+        return max(times, default=None)
+
+    def _abandoned(self) -> set[str]:
+        return {c.name for c in self.remote.history.abandoned()}
+
+    def restore_newest(self, remote: Restorer) -> tuple[str | None, list[tuple[str, str]]]:
+        """The local tier's newest checkpoint that reads back whole, when it is at least
+        as new as the logdir's head; else the logdir's (as without a local tier)."""
+        head = self.remote.history.head_commit()
+        newest = self._newest_local()
+        skipped: list[tuple[str, str]] = []
+        if newest is not None and (head is None or newest >= head.time):
+            path, skipped = self.restorer.restore_newest()
+            commit = None if path is None else self.catalog.history.by_name(os.path.basename(path))
+            if (
+                commit is not None
+                and commit.name not in self._abandoned()
+                and (head is None or commit.time >= head.time)
+            ):
+                self.source = "local"
+                self._catch_up(commit.name)
+                return path, skipped
+        path, more = remote.restore_newest()
+        self.source = None if path is None else "store"
+        return path, [*skipped, *more]
+
+    def _catch_up(self, name: str) -> None:
+        """After a local restore: the logdir gets the commit restored if it lacks it."""
+        have = self.remote.history.by_name(name)
+        if have is not None and have.on_disk:
+            self.mirror.caught_up(have.step)
+            return
+        commit = self.catalog.history.by_name(name)
+        if commit is not None:
+            self.mirror.offer(name, record_of(commit))
+
+    def offer_head(self) -> None:
+        """The local head goes to the logdir if it lacks it (the final save)."""
+        head = self.catalog.history.head_commit()
+        have = None if head is None else self.remote.history.by_name(head.name)
+        if head is not None and (have is None or not have.on_disk):
+            self.mirror.offer(head.name, record_of(head))
+
+    def rolled_back(self, name: str) -> None:
+        """The logdir's history went back to ``name``: the local tier's goes back to it
+        too, or, without it, abandons every commit it holds."""
+        history = self.catalog.history
+        target = history.by_name(name)
+        if target is None and not history.line():
+            return
+        to = target.seq if target is not None else 0
+        self.catalog.roll_back(to, kind="divergence", reason=f"the logdir rolled back to {name}")
+
+    def path_of(self, name: str) -> str | None:
+        """The local copy of ``name`` if the local tier holds it committed, else ``None``."""
+        commit = self.catalog.history.by_name(name)
+        if commit is None or not commit.on_disk or not self.store.exists(name + ".index"):
+            return None
+        return self.store.path(name)
+
+    def history(self) -> History:
+        return self.catalog.history
