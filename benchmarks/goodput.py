@@ -129,6 +129,7 @@ class Result:
     cold_start: float | None = None  # the command's start to its first trainer's imports
     saves: list[dict[str, object]] = field(default_factory=list)  # checkpoint.saved events
     restores: list[dict[str, object]] = field(default_factory=list)  # checkpoint.restored
+    mirrored: list[dict[str, object]] = field(default_factory=list)  # checkpoint.mirrored
 
     @property
     def rate(self) -> float:
@@ -211,10 +212,11 @@ def productive_steps(system: str, where: Where, args: argparse.Namespace) -> int
         return int(metadata["epoch"]) * 1000  # BackupAndRestore restarts the epoch
     import tensorflow as tf
 
-    steps = 0
-    for directory in (where.logdir, where.local):
-        latest = None if directory is None else tf.train.latest_checkpoint(directory)
-        steps = max(steps, 0 if latest is None else int(latest.rsplit("-", 1)[1]))
+    latest = tf.train.latest_checkpoint(where.logdir)
+    steps = 0 if latest is None else int(latest.rsplit("-", 1)[1])
+    if where.local is not None:  # the local tier (a directory per logdir under it)
+        for index in Path(where.local).glob("*/*.index"):
+            steps = max(steps, int(index.name.removesuffix(".index").rsplit("-", 1)[1]))
     return steps
 
 
@@ -333,6 +335,8 @@ def fault_costs(
             floor += args.stuck_after
         recovery = after.first - fault.at
         speed_after = process_speed(workdir, after.pid)
+        came_from = [e for e in session_events(workdir, "checkpoint.restored")
+                     if e["pid"] == after.pid]  # fmt: skip
         rows.append(
             row
             | {
@@ -346,6 +350,7 @@ def fault_costs(
                 "floor s": round(floor, 2),
                 "over floor s": round(lost + recovery - floor, 2),
                 "speed after %": None if speed_after is None else round(100 * speed_after / speed),
+                "restored from": str(came_from[0].get("tier") or "logdir") if came_from else "",
             }
         )
     return rows
@@ -449,6 +454,7 @@ def run(
         result.productive = productive_steps(system, where, args)
         result.saves = session_events(workdir, "checkpoint.saved")
         result.restores = session_events(workdir, "checkpoint.restored")
+        result.mirrored = session_events(workdir, "checkpoint.mirrored")
         result.speed = training_speed(workdir)
         result.cold_start = cold_start(workdir, began_wall)
         result.costs = fault_costs(system, delivered, workdir, began_wall, cold, args)
@@ -649,6 +655,10 @@ def kill_losses(
     return rows
 
 
+def number(event: dict[str, object], key: str) -> float:
+    return float(event[key])  # type: ignore[arg-type]
+
+
 def save_costs(systems: list[str], clean: dict[str, Result]) -> list[dict[str, object]]:
     """What a save held the training in each fault-free run (its sessions' own
     ``checkpoint.saved``: ``blocked_seconds``), by tier, and the interval between two
@@ -674,6 +684,25 @@ def save_costs(systems: list[str], clean: dict[str, Result]) -> list[dict[str, o
                          "held s": round(held, 4), "written s": round(written, 4),
                          "interval at 1% s": round(interval, 2),
                          "interval at 1% steps": round(interval * result.speed)})  # fmt: skip
+        mirrored = result.mirrored
+        if mirrored:
+            local = {e["step"]: number(e, "at") for e in by_tier.get("local", [])}
+            lags = [number(e, "at") - local[e["step"]] for e in mirrored if e["step"] in local]
+            copy = statistics.median(number(e, "seconds") for e in mirrored)
+            lag = statistics.median(lags) if lags else float("nan")
+            print(
+                f"| {system} | mirror to the logdir | {len(mirrored)} of {len(local)} | - | "
+                f"{copy:.4f} (a copy) | lag {lag:.2f} s (local commit to logdir commit) | |"
+            )
+            rows.append(
+                {
+                    "system": system,
+                    "tier": "mirror to the logdir",
+                    "saves": len(mirrored),
+                    "written s": round(copy, 4),
+                    "mirror lag s": round(lag, 3),
+                }
+            )
     return rows
 
 

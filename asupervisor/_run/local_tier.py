@@ -13,13 +13,12 @@ from __future__ import annotations
 import math
 import os
 
+from .._checkpointing.tiers import ENV_DIR as ENV_LOCAL_DIR
+from .._checkpointing.tiers import ENV_SAVE_SECS as ENV_LOCAL_SAVE_SECS
 from .._logdir.store import is_object_store
 
 __all__ = ["ENV_LOCAL_DIR", "ENV_LOCAL_SAVE_SECS", "checked_local_dir", "checked_save_secs",
            "local_tier_env"]  # fmt: skip
-
-ENV_LOCAL_DIR = "ASUPERVISOR_LOCAL_DIR"
-ENV_LOCAL_SAVE_SECS = "ASUPERVISOR_LOCAL_SAVE_SECS"
 
 
 def checked_local_dir(path: str, logdir: str | None) -> str:
