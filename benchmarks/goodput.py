@@ -563,6 +563,8 @@ def measure(args: argparse.Namespace, systems: list[str], keep: str) -> None:
     clean = {}
     for system in systems:
         clean[system] = run(system, [], 10**6, args, keep)
+        if not clean[system].finished:  # no duration to draw the faults' times from
+            sys.exit(f"{system}: the fault-free run did not finish (its log: {keep})")
         print(
             f"{system}: fault-free {clean[system].wall:.1f} s, {clean[system].rate:.1f} steps/s, "
             f"cold start {clean[system].cold_start or float('nan'):.1f} s",

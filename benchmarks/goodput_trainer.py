@@ -181,7 +181,7 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
             save_model_steps=args.save_steps,
             save_summaries_secs=0,
             max_to_keep=3,
-            stop_grace_secs=2,
+            stop_grace_secs=10,  # a step on a loaded machine may outlast 2 s
             heartbeat_secs=0.5,
             hooks=[StopAtStepHook(last_step=args.steps)],
         )
