@@ -135,3 +135,49 @@ def test_run_help_explains_the_local_tier(capsys: pytest.CaptureFixture[str]) ->
     for text in ("--local-dir DIR", "--local-save-secs SECS", "ASUPERVISOR_LOCAL_DIR",
                  "/dev/shm", "steps at risk", "new host"):  # fmt: skip
         assert text in out, text
+
+
+# A session that commits into the local tier only (the mirror has not copied it to the
+# logdir yet) and is SIGKILLed before its next beat could tell the runner.
+COMMITS_LOCALLY_THEN_KILLED = """
+    import os, signal, sys
+    from asupervisor._checkpointing.tiers import tier_name
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.history import Provenance
+    from asupervisor._logdir.records import Record
+    from asupervisor._logdir.store import Store
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    if attempt == 4:
+        sys.exit(0)
+    tier = Store(os.path.join(os.environ["ASUPERVISOR_LOCAL_DIR"], tier_name(logdir)))
+    tier.make()
+    catalog = Catalog(tier, "model.ckpt", writer=True,
+                      provenance=Provenance.of_session(f"s{attempt}"))
+    catalog.load()
+    catalog.commit(f"model.ckpt-{100 * attempt}", Record(100 * attempt, 0.0))
+    os.kill(os.getpid(), signal.SIGKILL)
+"""
+
+
+def test_a_kill_soon_after_a_local_commit_the_logdir_lacks_is_progress_at_once(
+    tmp_path: Path,
+) -> None:
+    logdir, tier = tmp_path / "run", tmp_path / "tier"
+    logdir.mkdir()
+    script = tmp_path / "child.py"
+    script.write_text(textwrap.dedent(COMMITS_LOCALLY_THEN_KILLED))
+    # One failure without progress ends the run: each restart must be judged progress.
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "run", "--logdir", str(logdir), "--local-dir",
+         str(tier), "--max-failures", "1", "--", sys.executable, str(script), str(logdir)],
+        capture_output=True, text=True, timeout=120,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    restarts = [line for line in done.stderr.splitlines() if "run.restarting" in line]
+    assert len(restarts) == 3, done.stderr
+    for number, line in enumerate(restarts, start=1):
+        assert f"committed={100 * number} " in line, line
+        assert "progress='yes (costs nothing)'" in line, line
+    assert not list(logdir.iterdir())  # nothing was in the logdir: the local tier decided
+    assert "history_unread" not in done.stderr, done.stderr

@@ -15,10 +15,11 @@ import os
 
 from .._checkpointing.tiers import ENV_DIR as ENV_LOCAL_DIR
 from .._checkpointing.tiers import ENV_SAVE_SECS as ENV_LOCAL_SAVE_SECS
+from .._checkpointing.tiers import tier_name
 from .._logdir.store import is_object_store
 
 __all__ = ["ENV_LOCAL_DIR", "ENV_LOCAL_SAVE_SECS", "checked_local_dir", "checked_save_secs",
-           "local_tier_env"]  # fmt: skip
+           "local_tier_env", "tier_dirs"]  # fmt: skip
 
 
 def checked_local_dir(path: str, logdir: str | None) -> str:
@@ -79,3 +80,13 @@ def local_tier_env(local_dir: str | None, save_secs: float | None) -> dict[str, 
         if save_secs is not None:
             env[ENV_LOCAL_SAVE_SECS] = repr(save_secs)
     return env
+
+
+def tier_dirs(local_dir: str | None, logdirs: list[str]) -> list[str]:
+    """The local tier's directory of each logdir (the sessions save under ``local_dir``
+    in a directory per logdir): where an attempt's commits are on this host before the
+    mirror has copied them to the logdir."""
+    if local_dir is None:
+        return []
+    found = [os.path.join(local_dir, tier_name(logdir)) for logdir in logdirs]
+    return [directory for directory in found if os.path.isdir(directory)]  # none: no save

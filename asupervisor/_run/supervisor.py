@@ -68,7 +68,7 @@ from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits
 from .budget import GiveUp, RestartBudget, restartable
 from .group import Restarts, StatusMap, membership
-from .local_tier import local_tier_env
+from .local_tier import local_tier_env, tier_dirs
 from .process import Proc, adopt, spawn
 from .progress import recorded
 from .slurm import (
@@ -430,7 +430,13 @@ class ProcessSupervisor:
         logdirs = [*([self.config.logdir] if self.config.logdir else []), *result.logdirs]
         if not restartable(result) or not logdirs:
             return result
-        found = await recorded(logdirs, self.run_id, result.number)
+        # With --local-dir, the local tier's history first, apart (no TensorFlow, a few
+        # ms): a commit the mirror had not copied yet is progress for a restart on this
+        # host, and an object store that does not answer in time must not hide it.
+        local = await recorded(
+            tier_dirs(self.config.local_dir, logdirs), self.run_id, result.number
+        )
+        found = local.plus(await recorded(logdirs, self.run_id, result.number))
         for unread in found.unread:
             self.say("run.history_unread", attempt=result.number, why=unread)
         return dataclasses.replace(result, recorded=found)
