@@ -185,6 +185,8 @@ async def _forward_requests(
             kept = [line for line in lines if line.lower() != b"transfer-encoding: identity"]
             length = fields.get(b"content-length", b"-")
             log.write(lines[0].rsplit(b" ", 1)[0] + b" " + length + b"\n")
+            if (directory / "down").exists():
+                break  # the store cannot be reached: the connection drops (FakeGcs.down)
             if delay := _delay(directory):
                 await asyncio.sleep(delay)
             writer.write(b"\r\n".join([*kept, b"X-Forwarded-Proto: https"]) + b"\r\n\r\n")
@@ -347,6 +349,16 @@ class FakeGcs:
             yield
         finally:
             (self.directory / "delay").unlink()
+
+    @contextlib.contextmanager
+    def down(self) -> Iterator[None]:
+        """Every request's connection drops before it reaches the emulator: the store
+        cannot be reached (a network cut), until the block ends."""
+        (self.directory / "down").write_text("")
+        try:
+            yield
+        finally:
+            (self.directory / "down").unlink()
 
     def requests_seen(self) -> list[str]:
         """Every request so far, one line each: method, path and query, body length."""

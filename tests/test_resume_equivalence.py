@@ -17,6 +17,7 @@ kept below as a plain regression test.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -38,6 +39,7 @@ from hypothesis.stateful import (
 
 from tests.faults.deterministic import batch_differences, compare, trained
 from tests.faults.harness import Trainer
+from tests.gcs_fixture import FakeGcs
 from tests.search import replay_line, search_seed
 
 FUZZ = os.environ.get("ASV_FUZZ") == "1"
@@ -57,9 +59,13 @@ pytestmark = pytest.mark.slow
 class Run:
     """One logdir, and the processes that train in it one after the other."""
 
-    def __init__(self, directory: str, mode: str) -> None:
+    def __init__(
+        self, directory: str, mode: str, logdir: str | None = None, local: str | None = None
+    ) -> None:
         self.directory, self.mode = directory, mode
-        self.logdir = os.path.join(directory, "run")
+        self.logdir = logdir or os.path.join(directory, "run")
+        self.local = local  # a local tier, in front of the logdir
+        self.tiers: list[str] = []  # where each start restored from (a local tier's)
         self.record = os.path.join(directory, "trained")
         self.final = os.path.join(directory, "final.npz")
         self.process: Trainer | None = None
@@ -72,9 +78,12 @@ class Run:
         args = ["--mode", self.mode, "--record", self.record, "--final", self.final]
         args += ["--backend", backend, "--save-steps", str(save_steps)]
         args += ["--async"] if background else []
+        args += ["--local-dir", self.local] if self.local else []
         self.process = Trainer(self.logdir, *args, script=PROGRAM)
         self.story.append(f"start({backend}, async={background}, save_steps={save_steps})")
-        self.process.wait_for(lambda: self.process is None or self.process.restored is not None)
+        process = self.process
+        process.wait_for(lambda: any(line.startswith("tier ") for line in process.lines))
+        self.tiers.append(next(ln.split()[1] for ln in process.lines if ln.startswith("tier ")))
 
     def interrupt(self, after: str, count: int, how: str) -> None:
         """``how`` once ``count`` more ``after`` markers are out (or the run has ended)."""
@@ -91,6 +100,11 @@ class Run:
         process.proc.send_signal(SIGNALS[how])
         code = process.proc.wait(300)
         self.process = None
+        if how == "SIGKILL" and "://" in self.logdir:  # the killed chief's lease (30 s)
+            with contextlib.suppress(Exception):
+                import tensorflow as tf
+
+                tf.io.gfile.remove(f"{self.logdir}/.asupervisor.lease")
         self.story.append(f"interrupt(after={count} {after}, {how}) -> exit {code}")
         # -SIGTERM: it came after the session had ended, before the process did (the
         # session's handler is gone then): the run is over, its final state maybe not.
@@ -242,4 +256,22 @@ def test_fit_started_again_after_its_end_ends_as_left_alone(tmp_path: Path) -> N
     run = Run(str(tmp_path), "fit")
     run.to_the_end()
     run.once_more()
+    assert_same_as_left_alone(run)
+
+
+def test_train_killed_with_two_tiers_in_front_of_a_store_ends_as_left_alone(
+    tmp_path: Path, gcs: FakeGcs
+) -> None:
+    """Saves into a local tier, mirrored to the store: killed after local saves (it
+    resumes from the local tier), killed again, then started on a new host (the local
+    tier gone: from the store)."""
+    local = str(tmp_path / "local")
+    run = Run(str(tmp_path), "train", logdir=gcs.new_path(), local=local)
+    run.start(save_steps=3)
+    run.interrupt("save", 2, "SIGKILL")
+    run.start(background=True, save_steps=5)
+    run.interrupt("step", 9, "SIGKILL")
+    shutil.rmtree(local)  # a new host
+    run.to_the_end()
+    assert run.tiers == ["None", "local", "store"], run.story
     assert_same_as_left_alone(run)

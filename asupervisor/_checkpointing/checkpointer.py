@@ -130,18 +130,6 @@ class Checkpointer:
         without a local tier); ``False`` if not after ``timeout`` seconds."""
         return True if self.tiers is None else self.tiers.mirror.wait(timeout)
 
-    def copied(self) -> bool:
-        """Whether the mirror has copied a commit since ``take_copied`` last looked."""
-        return self.tiers is not None and bool(self.tiers.mirror.copied)
-
-    def take_copied(self) -> int:
-        """How many commits the mirror copied since the last look (taken)."""
-        copied = 0
-        while self.tiers is not None and self.tiers.mirror.copied:
-            self.tiers.mirror.copied.popleft()
-            copied += 1
-        return copied
-
     def finish_mirror(self, timeout: float | None = None) -> bool:
         """At the session's end: the newest local commit goes to the logdir too (whatever
         ``mirror_every`` says), within ``timeout`` seconds; ``False`` if not copied."""
@@ -158,7 +146,7 @@ class Checkpointer:
     def close(self) -> None:
         """No more copies to the logdir begin (what is left is said)."""
         if self.tiers is not None:
-            self.tiers.mirror.close()
+            self.tiers.close()
 
     @property
     def restored_tier(self) -> Tier | None:

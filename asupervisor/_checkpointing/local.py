@@ -22,6 +22,7 @@ from .._log import log
 from .._logdir.catalog import Catalog
 from .._logdir.files import remove_unfinished
 from .._logdir.history import History, Provenance, index_names, mtime_of
+from .._logdir.lock import LogdirLock, WriteGuard
 from .._logdir.records import Record
 from .._logdir.retention import Facts, Retention
 from .._logdir.store import Store
@@ -30,7 +31,6 @@ from .restorer import Restorer
 from .writer import Writer
 
 if TYPE_CHECKING:
-    from .._logdir.lock import WriteGuard
     from .root import SavedRoot
     from .tiers import LocalTier
 
@@ -118,6 +118,13 @@ class TwoTiers:
         store.make()
         self.remote = remote
         chief = guard.lock is not None
+        # A guard of its own: the logdir's checks its lease at each write (on a store, a
+        # request), and a local save must cost no round trip to the store, nor wait for
+        # one that cannot be reached. The mirror's copies go through the logdir's guard.
+        self.lock = LogdirLock(self.directory) if chief else None
+        if self.lock is not None:
+            self.lock.acquire()  # one session per local tier, as per logdir
+        self.guard = WriteGuard(self.lock)
         if chief:
             leftovers = remove_unfinished(store, basename)
             if leftovers:
@@ -126,18 +133,24 @@ class TwoTiers:
         self.catalog.load()
         self.mirror = Mirror(store, remote, remote_retention, guard, every=tier.mirror_every)
         self.retention = LocalRetention(store, tier.keep, self.mirror)
-        self.restorer = Restorer(root, self.catalog, guard)
+        self.restorer = Restorer(root, self.catalog, self.guard)
         self.writer = LocalWriter(
             root,
             self.catalog,
             self.retention,
-            guard,
+            self.guard,
             async_write=True,
             durable=durable,
             on_fatal=on_fatal,
             mirror=self.mirror,
         )
         self.source: Tier | None = None  # the tier the last restore read
+
+    def close(self) -> None:
+        """No copy begins any more (what is left is said); the local lock goes once the
+        local write under way, if any, has ended."""
+        self.mirror.close()
+        self.guard.close()
 
     # -- restoring -------------------------------------------------------------------
 

@@ -20,12 +20,10 @@ with a growing pause, and training never waits for it. What it has not copied ye
 
 from __future__ import annotations
 
-import collections
 import contextlib
 import os
 import threading
 import time
-from dataclasses import dataclass
 
 from .._errors import Fenced, LogdirLockedError
 from .._log import log
@@ -38,15 +36,6 @@ from .._logdir.store import Store
 
 RETRY_FIRST_SECS = 0.5
 RETRY_MAX_SECS = 30.0
-
-
-@dataclass(frozen=True)
-class Copied:
-    """A local commit the logdir holds now (for the training thread's summaries)."""
-
-    step: int
-    path: str
-    steps_at_risk: int
 
 
 def record_of(commit: Commit) -> Record:
@@ -79,7 +68,6 @@ class Mirror:
         head = catalog.history.head_commit()
         self.mirrored_step: int | None = None if head is None else head.step
         self.local_step: int | None = self.mirrored_step
-        self.copied: collections.deque[Copied] = collections.deque()
 
     # -- what the session reads ------------------------------------------------------
 
@@ -125,7 +113,7 @@ class Mirror:
             self._offer(name, record)
 
     def _offer(self, name: str, record: Record) -> None:
-        if self._closed:
+        if self._closed or name == self._copying:
             return
         self._pending = (name, record)  # a newer one replaces one not begun yet
         self._cond.notify_all()
@@ -181,7 +169,7 @@ class Mirror:
                 self._copying = name
             try:
                 started = time.perf_counter()
-                self._copy(name, record)
+                copied = self._copy(name, record)
             except (Fenced, LogdirLockedError):
                 with self._cond:
                     self._copying = None
@@ -213,9 +201,10 @@ class Mirror:
                 if self.mirrored_step is None or record.step >= self.mirrored_step:
                     self.mirrored_step = record.step
                 self._cond.notify_all()
+            if not copied:
+                continue
             path = self.store.path(name)
             at_risk = self.steps_at_risk()
-            self.copied.append(Copied(record.step, path, at_risk))
             log.info(
                 "checkpoint.mirrored",
                 path=path,
@@ -224,11 +213,12 @@ class Mirror:
                 steps_at_risk=at_risk,
             )
 
-    def _copy(self, name: str, record: Record) -> None:
-        """The files (data first, the index last), then the commit into the logdir."""
+    def _copy(self, name: str, record: Record) -> bool:
+        """The files (data first, the index last), then the commit into the logdir;
+        ``False`` if the logdir has it already."""
         commit = self.catalog.history.by_name(name)
         if commit is not None and commit.on_disk:
-            return  # the logdir has it already (a restore found it mirrored)
+            return False
         files = sorted(self.local.files_of(name), key=lambda n: n.endswith(".index"))
         if not any(f.endswith(".index") for f in files):
             raise FileNotFoundError(f"{self.local.path(name)}.index is gone")
@@ -242,6 +232,7 @@ class Mirror:
                 for file in files:
                     tf.io.gfile.copy(self.local.path(file), self.store.path(file), overwrite=True)
             self.retention.commit(self.catalog, name, record)
+        return True
 
     def _copy_to_path(self, name: str, files: list[str]) -> None:
         """Into ``<name>_temp/`` (removed at the next start if a kill cuts it short),

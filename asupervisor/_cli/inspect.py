@@ -61,7 +61,10 @@ def run_line(report: LogdirReport, found: Goodput | None) -> str:
 def heartbeat_lines(report: LogdirReport) -> list[str]:
     if report.heartbeat is not None:
         beat = Beat.from_json(json.dumps(report.heartbeat).encode())
-        return [f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
+        lines = [f"heartbeat: {shown(describe_beat(beat, time.time()))}"]
+        if beat.steps_at_risk is not None:
+            lines.append(f"local tier: {describe_at_risk(beat)}")
+        return lines
     if report.heartbeat_problem is not None:
         return [f"heartbeat: unreadable: {shown(report.heartbeat_problem)}"]
     return []
@@ -205,7 +208,8 @@ def ledger_table(entries: list[SessionRecord], every: bool = True) -> list[str]:
 def _origin(e: SessionRecord) -> str:
     """Where a session began: the step it restored, or how it began without one."""
     if e.source == RestoreSource.CHECKPOINT.value:
-        return str(e.restored_step)
+        # With a local tier: "(local)" when it was read from the host's own copy.
+        return str(e.restored_step) + (" (local)" if e.restored_tier == "local" else "")
     if e.source == RestoreSource.INTERRUPTED.value:
         # It stopped before it trained (a step limit already reached): it ends where it
         # began, which the ledger has as its end step.
@@ -256,6 +260,17 @@ def _text(value: int | float | None) -> str:
     if value is None:
         return "?"
     return f"{value:.1f}" if isinstance(value, float) else str(value)
+
+
+def describe_at_risk(beat: Beat) -> str:
+    """What a host that never comes back would lose: the steps committed in its local
+    tier that the mirror had not copied into the logdir at the last beat."""
+    if not beat.steps_at_risk:
+        return "every local commit is in the logdir (0 steps at risk)"
+    return (
+        f"{beat.steps_at_risk} steps at risk: committed on {shown(beat.host)}, "
+        "not yet in the logdir"
+    )
 
 
 def describe_beat(beat: Beat, now: float) -> str:

@@ -67,7 +67,6 @@ class SessionCheckpoints:
         self.agreement: Agreement | None = None
         self.deferred: tuple[str, str] | None = None  # (checkpoint, a value not taken yet)
         self._began = False
-        self._at_risk: int | None = None  # the last run/steps_at_risk written
         policy = sv.on_divergence
         self.losses: LossWatch | None = None if policy is None else LossWatch(policy)
         if self.losses is not None:
@@ -208,20 +207,6 @@ class SessionCheckpoints:
             self.stepper.state_saved(runs)
             if hooks:
                 self.call_after_save(step, path)
-        if hooks:  # at a step boundary: the events file is open
-            self._steps_at_risk()
-
-    def _steps_at_risk(self) -> None:
-        """With a local tier: ``run/steps_at_risk`` (committed locally, not yet in the
-        logdir) in TensorBoard, at each local commit and each copy the mirror made."""
-        checkpointer = self.checkpointer
-        at_risk = None if checkpointer is None else checkpointer.steps_at_risk()
-        if checkpointer is None or at_risk is None:
-            return
-        checkpointer.take_copied()
-        if at_risk != self._at_risk:
-            self._at_risk = at_risk
-            self.events.write({"run/steps_at_risk": float(at_risk)}, self.step.value)
 
     # -- going back ----------------------------------------------------------------------
 

@@ -90,6 +90,7 @@ class Presence:
         self._warned: set[str] = set()
         self._first_step_told = False
         self._seen_commit: tuple[int, float] | None = None  # (step, monotonic) told
+        self._at_risk_told: int | None = None  # the last run/steps_at_risk written
         self._committed: tuple[int, float] | None = None  # the same, wall-clock time
 
     # -- the session's side ------------------------------------------------------------
@@ -230,12 +231,15 @@ class Presence:
             owns_logdir = self._store is not None and self._rt.lock is not None
             lines, self._pending = (self._pending if owns_logdir else []), []
             raw = None if beat is None or not self.writes_beats else beat.to_json()
+            points = self._at_risk_point()
             began = False
 
             def write() -> None:
                 nonlocal began
                 began = True
                 self._write(lines, raw, owns_logdir)
+                if points is not None:
+                    self._write_point(*points)
 
             try:
                 await anyio.to_thread.run_sync(write)
@@ -244,6 +248,28 @@ class Presence:
                 # wherever it is): the lines go to the next write, the close's own.
                 if not began:
                     self._pending[:0] = lines
+
+    def _at_risk_point(self) -> tuple[dict[str, float], int] | None:
+        """On the loop: ``run/steps_at_risk`` at the current step, when it changed (with
+        a local tier only). Written beside the beat, off the training thread: the events
+        file's writes may wait for the object store, and the training never does."""
+        rt = self._rt
+        checkpointer = rt.checkpointer
+        at_risk = None if checkpointer is None else checkpointer.steps_at_risk()
+        if at_risk is None or not rt.ready or self._final is not None:
+            return None
+        if at_risk == self._at_risk_told:
+            return None
+        self._at_risk_told = at_risk
+        return {"run/steps_at_risk": float(at_risk)}, rt.step.value
+
+    def _write_point(self, values: dict[str, float], step: int) -> None:
+        """In a worker thread: a point of the session's events file (a figure: one that
+        cannot be written, the file closing meanwhile, is let go)."""
+        try:
+            self._rt.events.write(values, step)
+        except Exception as exc:
+            log.debug("summary.not_written", tags=list(values), error=repr(exc))
 
     def _observe(self) -> None:
         """On the loop: the first step's end and this session's new commits, once each."""

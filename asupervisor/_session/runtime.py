@@ -296,7 +296,7 @@ class SessionRuntime:
         from .._cluster import DecisionKind
 
         checkpointer = self.checkpointer
-        if checkpointer is not None and (checkpointer.writer.completed or checkpointer.copied()):
+        if checkpointer is not None and checkpointer.writer.completed:
             self.checkpoints.saves_done(hooks=True)
         agreement = self.agreement
         if agreement is not None and agreement.pending:

@@ -54,6 +54,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--backend", choices=("asyncio", "trio"), default="asyncio")
     parser.add_argument("--record", default=None)
     parser.add_argument("--final", default=None)
+    parser.add_argument("--local-dir", default=None, help="save into a local tier there")
     return parser.parse_args(argv)
 
 
@@ -222,6 +223,9 @@ def main(args: argparse.Namespace) -> int:
         strategy=strategy,
         is_chief=None if strategy is not None else True,
         stop_grace_secs=60,
+        local_tier=None
+        if args.local_dir is None
+        else asv.LocalTier(args.local_dir, save_secs=None, save_steps=args.save_steps),
     )
 
     class Markers(keras.callbacks.Callback):
@@ -264,6 +268,7 @@ def main(args: argparse.Namespace) -> int:
             if record_fd is not None:
                 os.write(record_fd, f"restored {at}\n".encode())
             print(f"restored {at}", flush=True)
+            print(f"tier {sess.restore_report.tier}", flush=True)
             if args.mode == "train":
                 await sess.train(step, data, epochs=args.epochs)
             else:

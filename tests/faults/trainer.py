@@ -104,6 +104,9 @@ def parse() -> argparse.Namespace:
     parser.add_argument(
         "--rollback", type=int, default=0, help="roll back a NaN loss, at most N times (0: off)"
     )
+    parser.add_argument("--local-dir", default=None, help="a local tier there (LocalTier)")
+    parser.add_argument("--local-steps", type=int, default=2, help="the local tier's save_steps")
+    parser.add_argument("--summaries-secs", type=float, default=0.2)
     return parser.parse_args()
 
 
@@ -119,11 +122,14 @@ async def main(args: argparse.Namespace) -> None:
         save_model_steps=args.save_steps,
         max_to_keep=3,
         async_checkpoint=args.async_checkpoint,
-        save_summaries_secs=0.2,
+        save_summaries_secs=args.summaries_secs,
         hooks=hooks,
         stop_grace_secs=args.grace,
         step_timeout_secs=1.0 if args.fault == "hang" else None,
         on_divergence=asv.Rollback(max_rollbacks=args.rollback) if args.rollback else None,
+        local_tier=None
+        if args.local_dir is None
+        else asv.LocalTier(args.local_dir, save_secs=None, save_steps=args.local_steps),
     )
     if args.fault == "service":
 
@@ -138,6 +144,7 @@ async def main(args: argparse.Namespace) -> None:
     commands = Commands() if args.commands else None
     async with sv.session() as sess:
         print(f"restored {sess.restore_report.step}", flush=True)
+        print(f"tier {sess.restore_report.tier}", flush=True)
         while not sess.should_stop() and sess.global_step < args.max_steps:
             if args.fault == "hang" and sess.global_step == 10:
                 await sess.run(time.sleep, 30)

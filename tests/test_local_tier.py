@@ -1,0 +1,277 @@
+"""Two tiers of checkpoints, in one process: saves into a local tier, a mirror copying them
+into the logdir behind the training, one history over both at a restore.
+
+The kills (during a local save, during a copy, between the two), the store out of reach
+and resume equivalence through kills are in tests/test_local_tier_kills.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+import tensorflow as tf
+from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+import asupervisor as asv
+from asupervisor._checkpointing.tiers import ENV_DIR, ENV_SAVE_SECS, LocalTier, tier_name
+from asupervisor._cli.inspect import describe_at_risk
+from asupervisor._logdir.heartbeat import Beat
+from asupervisor._logdir.history import read_history
+from asupervisor._logdir.ledger import NAME as LEDGER
+from asupervisor._logdir.store import Store
+from asupervisor._logdir.verify import verify_checkpoint
+from tests.conftest import Pair, named
+
+
+def tiered(logdir: str, pair: Pair, local: str, **tier: Any) -> asv.Supervisor:
+    tier.setdefault("save_secs", None)
+    tier.setdefault("save_steps", 2)
+    return asv.Supervisor(
+        logdir,
+        checkpoint={"pair": pair},
+        save_model_secs=0,
+        save_summaries_secs=0,
+        handle_signals=False,
+        local_tier=asv.LocalTier(local, **tier),
+    )
+
+
+async def train(sv: asv.Supervisor, to_step: int) -> asv.RestoreReport:
+    pair = sv.checkpoint.pair  # the Pair it saves
+    async with sv.session() as sess:
+        report = sess.restore_report
+        while sess.global_step < to_step:
+            await sess.run(pair.step)
+            settle(sv)
+    return report
+
+
+def settle(sv: asv.Supervisor) -> None:
+    """Until the local write and the mirror's copy are done. Both are in the background:
+    a timed save is skipped while a write runs, and the mirror copies only the newest
+    commit offered: waiting makes every save happen and every copy, in order."""
+    runtime = sv._runtime
+    assert runtime is not None and runtime.checkpointer is not None
+    assert runtime.checkpointer.wait_for_write(60)
+    assert runtime.checkpointer.wait_for_mirror(60)
+
+
+# -- the setting -------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "named_argument"),
+    [
+        ({"directory": ""}, "directory"),
+        ({"directory": "gs://bucket/x"}, "directory"),
+        ({"save_secs": 0}, "save_secs"),
+        ({"save_secs": float("inf")}, "save_secs"),
+        ({"save_secs": "10"}, "save_secs"),
+        ({"save_steps": 0}, "save_steps"),
+        ({"save_steps": 2.5}, "save_steps"),
+        ({"save_secs": None, "save_steps": None}, "save_secs and save_steps"),
+        ({"keep": 0}, "keep"),
+        ({"keep": True}, "keep"),
+        ({"mirror_every": 0}, "mirror_every"),
+    ],
+)
+def test_a_bad_local_tier_setting_is_refused_naming_it(
+    tmp_path: Path, kwargs: dict[str, Any], named_argument: str
+) -> None:
+    kwargs.setdefault("directory", str(tmp_path))
+    with pytest.raises(ValueError, match=named_argument):
+        LocalTier(**kwargs)
+
+
+def test_a_local_tier_is_refused_where_it_cannot_serve(tmp_path: Path, pair: Pair) -> None:
+    tier = asv.LocalTier(tmp_path / "local")
+    with pytest.raises(ValueError, match=r"local_tier must be an asupervisor\.LocalTier"):
+        asv.Supervisor(str(tmp_path / "run"), checkpoint={"p": pair}, local_tier="/dev/shm")  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="local_tier needs a logdir"):
+        asv.Supervisor(None, checkpoint={"p": pair}, local_tier=tier)
+    with pytest.raises(ValueError, match=r"local_tier with keep_best=KeepBest\(export"):
+        asv.Supervisor(
+            str(tmp_path / "run"),
+            checkpoint={"p": pair},
+            local_tier=tier,
+            keep_best=asv.KeepBest("loss", export=lambda path: None),
+        )
+
+
+def test_asupervisor_run_turns_the_local_tier_on_for_its_children(
+    tmp_path: Path, pair: Pair, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    assert asv.Supervisor(str(tmp_path / "run"), checkpoint={"p": pair}).local_tier is None
+    monkeypatch.setenv(ENV_DIR, str(tmp_path / "local"))
+    monkeypatch.setenv(ENV_SAVE_SECS, "2.5")
+    sv = asv.Supervisor(str(tmp_path / "run"), checkpoint={"p": pair})
+    assert sv.local_tier == asv.LocalTier(str(tmp_path / "local"), save_secs=2.5)
+    assert sv.save_secs == 2.5  # the session saves on the local tier's interval
+    # Two runs on one host never share a directory; one run finds its own again.
+    one, two = tier_name(str(tmp_path / "run")), tier_name(str(tmp_path / "other" / "run"))
+    assert one != two and one.startswith("run-")
+    assert sv.local_tier is not None and sv.local_tier.tier_dir(str(tmp_path / "run")) == str(
+        tmp_path / "local" / one
+    )
+    monkeypatch.setenv(ENV_SAVE_SECS, "-1")
+    with pytest.raises(ValueError, match=ENV_SAVE_SECS):
+        asv.Supervisor(str(tmp_path / "run"), checkpoint={"p": pair})
+
+
+# -- saving, mirroring, restoring ----------------------------------------------------
+
+
+def commits(where: str) -> list[tuple[str, int | None]]:
+    return [(c.name, c.step) for c in read_history(Store(where)).committed()]
+
+
+@pytest.mark.asyncio
+async def test_saves_go_to_the_local_tier_and_the_logdir_gets_each_commit_behind_them(
+    logdir: str, tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    local = str(tmp_path / "local")
+    pair = Pair()
+    sv = tiered(logdir, pair, local, keep=2)
+    report = await train(sv, 9)
+    assert report.tier is None and report.source == asv.RestoreSource.FRESH
+    here = LocalTier(local).tier_dir(logdir)
+    saved = [e for e in named(events, "checkpoint.saved")]
+    assert saved and all(e["path"].startswith(here) for e in saved)  # written locally
+    assert [s for _, s in commits(here)] == [8, 9]  # its own retention: the newest 2
+    mirrored = named(events, "checkpoint.mirrored")
+    remote = commits(logdir)
+    # Each copy is committed in the logdir's history, in order, the final one too; the
+    # logdir keeps its own max_to_keep (5).
+    assert [e["step"] for e in mirrored] == [e["step"] for e in saved] == [0, 2, 4, 6, 8, 9]
+    assert [s for _, s in remote] == [2, 4, 6, 8, 9]
+    assert remote[-1] == commits(here)[-1]  # the same commit, by name, in both tiers
+    assert mirrored[-1]["steps_at_risk"] == 0
+    for name, _ in remote:
+        assert verify_checkpoint(os.path.join(logdir, name)) is None
+    assert not [n for n in os.listdir(logdir) if n.endswith("_temp")]
+    assert tf.train.latest_checkpoint(logdir) == os.path.join(logdir, remote[-1][0])
+
+
+@pytest.mark.asyncio
+async def test_a_restart_restores_from_the_local_tier_and_from_the_logdir_once_it_is_gone(
+    logdir: str, tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    local = str(tmp_path / "local")
+    await train(tiered(logdir, Pair(), local), 5)
+    here = LocalTier(local).tier_dir(logdir)
+
+    again = Pair()
+    report = await train(tiered(logdir, again, local), 7)
+    assert (report.step, report.tier) == (5, "local")
+    assert report.path is not None and report.path.startswith(here)
+    assert named(events, "checkpoint.restored")[-1]["tier"] == "local"
+
+    shutil.rmtree(local)  # a new host: the local tier is empty
+    third = Pair()
+    report = await train(tiered(logdir, third, local), 8)
+    assert (report.step, report.tier) == (7, "store")
+    assert report.path == os.path.join(logdir, commits(logdir)[-2][0])
+    ledger = [json.loads(line) for line in open(os.path.join(logdir, LEDGER))]
+    assert [e["restored_tier"] for e in ledger if e["event"] == "start"] == [
+        None,
+        "local",
+        "store",
+    ]
+
+
+@pytest.mark.asyncio
+async def test_only_every_nth_local_commit_and_the_final_one_are_mirrored(
+    logdir: str, tmp_path: Path
+) -> None:
+    pair = Pair()
+    local = str(tmp_path / "local")
+    await train(tiered(logdir, pair, local, mirror_every=3, keep=20), 10)
+    local_steps = [s for _, s in commits(LocalTier(local).tier_dir(logdir))]
+    assert local_steps == [0, 2, 4, 6, 8, 10]
+    assert [s for _, s in commits(logdir)] == [4, 10]  # the 3rd and 6th, and the final
+
+
+@pytest.mark.asyncio
+async def test_steps_at_risk_is_in_tensorboard_and_in_the_heartbeat(
+    logdir: str, tmp_path: Path
+) -> None:
+    pair = Pair()
+    await train(tiered(logdir, pair, str(tmp_path / "local")), 6)
+    acc = EventAccumulator(logdir)
+    acc.Reload()
+    points = [float(tf.make_ndarray(e.tensor_proto)) for e in acc.Tensors("run/steps_at_risk")]
+    assert points and points[-1] == 0.0
+    beat = Beat.from_json(open(os.path.join(logdir, ".asupervisor.heartbeat"), "rb").read())
+    assert beat.steps_at_risk == 0
+    # What inspect says of it: what a host that never comes back would lose.
+    assert describe_at_risk(beat) == "every local commit is in the logdir (0 steps at risk)"
+    assert describe_at_risk(dataclasses.replace(beat, steps_at_risk=12)) == (
+        f"12 steps at risk: committed on {beat.host}, not yet in the logdir"
+    )
+
+
+@pytest.mark.asyncio
+async def test_a_restore_takes_the_logdir_when_another_host_went_further(
+    logdir: str, tmp_path: Path
+) -> None:
+    """The newest commit of either tier: this host's local tier is behind the logdir,
+    which another host's run carried on."""
+    here, there = str(tmp_path / "here"), str(tmp_path / "there")
+    await train(tiered(logdir, Pair(), here), 4)
+    report = await train(tiered(logdir, Pair(), there), 9)  # another host
+    assert (report.step, report.tier) == (4, "store")
+    back = Pair()
+    report = await train(tiered(logdir, back, here), 10)
+    assert (report.step, report.tier) == (9, "store")  # not this host's older step 4
+    assert float(back.a.numpy()) == 10.0
+
+
+@pytest.mark.asyncio
+async def test_a_rollback_with_a_local_tier_goes_back_in_both_tiers(
+    logdir: str, tmp_path: Path, events: list[dict[str, Any]]
+) -> None:
+    from tests.test_rollback import Line, regression
+
+    local = str(tmp_path / "local")
+
+    def supervisor(line: Line) -> asv.Supervisor:
+        return asv.Supervisor(
+            logdir,
+            checkpoint={"line": line},
+            save_model_secs=0,
+            save_summaries_secs=0,
+            on_divergence=asv.Rollback(skip=1),
+            handle_signals=False,
+            local_tier=asv.LocalTier(local, save_secs=None, save_steps=3),
+        )
+
+    def data(epoch: int) -> tf.data.Dataset:
+        return regression(poisoned={7} if epoch == 0 else set())
+
+    line = Line()
+    sv = supervisor(line)
+    async with sv.session() as sess:
+        await sess.train(line.step, data, epochs=2)
+    assert sess.outcome is asv.Outcome.DONE
+    (back,) = named(events, "checkpoint.rolled_back")
+    history = read_history(Store(logdir))
+    (rollback,) = history.divergences()  # recorded in the logdir's history, the record
+    assert history.commit(rollback.to) is not None
+    assert back["step"] == history.commit(rollback.to).step  # type: ignore[union-attr]
+    abandoned = {c.name for c in history.abandoned()}
+    here = LocalTier(local).tier_dir(logdir)
+    local_line = [c.name for c in read_history(Store(here)).line()]
+    assert not abandoned & set(local_line)  # the local tier went back too
+    head = history.head_commit()
+    assert head is not None and head.healthy and head.name == local_line[0]
+
+    again = Line()
+    async with supervisor(again).session() as sess:
+        assert (sess.restore_report.step, sess.restore_report.tier) == (head.step, "local")
+    assert float(again.w.numpy()) == float(line.w.numpy())
