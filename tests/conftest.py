@@ -109,6 +109,7 @@ LONGEST_FIRST = (
     "test_multiworker.py",
     "test_docs.py",
     "test_kills.py",
+    "test_local_tier_kills.py",
     "test_callback_state.py",
     "test_keep_best.py",
     "test_object_store.py",

@@ -11,11 +11,15 @@ import dataclasses
 import json
 import os
 import shutil
+import tempfile
 from pathlib import Path
 from typing import Any
 
+import anyio
 import pytest
 import tensorflow as tf
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
 import asupervisor as asv
@@ -27,6 +31,7 @@ from asupervisor._logdir.ledger import NAME as LEDGER
 from asupervisor._logdir.store import Store
 from asupervisor._logdir.verify import verify_checkpoint
 from tests.conftest import Pair, named
+from tests.search import replay_line, search_budget, search_settings, seeded, traced
 
 
 def tiered(logdir: str, pair: Pair, local: str, **tier: Any) -> asv.Supervisor:
@@ -275,3 +280,60 @@ async def test_a_rollback_with_a_local_tier_goes_back_in_both_tiers(
     async with supervisor(again).session() as sess:
         assert (sess.restore_report.step, sess.restore_report.tier) == (head.step, "local")
     assert float(again.w.numpy()) == float(line.w.numpy())
+
+
+# -- a search against a plain reference ----------------------------------------------
+
+
+class Hosts(RuleBasedStateMachine):
+    """Sessions on two hosts, each with a local tier, over one logdir; a host's local tier
+    lost now and then. The reference: the run's step, the host of the last session, and
+    the hosts whose local tier is gone. Every session restores the run's step, from its
+    own local tier if it ran last and still has it, else from the logdir."""
+
+    budget = search_budget(suite=8, fuzz=300)
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.budget.admit()
+        self.root = Path(tempfile.mkdtemp(prefix="asv-tiers-"))
+        self.logdir = str(self.root / "run")
+        self.step, self.last, self.lost = 0, None, set()  # type: ignore[var-annotated]
+
+    @rule(host=st.sampled_from(["a", "b"]), steps=st.integers(1, 4))
+    def run_on(self, host: str, steps: int) -> None:
+        pair = Pair()
+        sv = tiered(self.logdir, pair, str(self.root / host), save_steps=3)
+        report = anyio.run(train, sv, self.step + steps)
+        if self.last is None:
+            expected = None
+        else:
+            expected = "local" if self.last == host and host not in self.lost else "store"
+        assert (report.step, report.tier) == (self.step, expected)
+        self.step, self.last = self.step + steps, host
+        self.lost.discard(host)
+        assert float(pair.a.numpy()) == float(pair.b.numpy()) == self.step
+        assert read_history(Store(self.logdir)).head_step() == self.step  # the final copy
+        here = LocalTier(str(self.root / host)).tier_dir(self.logdir)
+        assert read_history(Store(here)).head_step() == self.step
+
+    @rule(host=st.sampled_from(["a", "b"]))
+    def lose(self, host: str) -> None:
+        shutil.rmtree(self.root / host, ignore_errors=True)
+        self.lost.add(host)
+
+    @invariant()
+    def within_budget(self) -> None:
+        self.budget.check()
+
+    def teardown(self) -> None:
+        shutil.rmtree(self.root, ignore_errors=True)
+        self.budget.ended()
+
+
+def test_every_restore_over_two_hosts_is_the_one_the_reference_predicts() -> None:
+    print(f"two-tier search: {replay_line()}")
+    with Hosts.budget.reporting():
+        run_state_machine_as_test(
+            seeded(traced(Hosts)), settings=search_settings(examples=100, steps=6)
+        )
