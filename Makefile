@@ -63,6 +63,7 @@ bench: $(STAMP)
 	$(PY) benchmarks/evaluation_hold.py
 	$(PY) benchmarks/goodput.py
 	$(PY) benchmarks/goodput.py --slurm --steps 4000 --save-steps 100
+	$(PY) benchmarks/goodput.py --store gcs --local-tier
 	$(PY) benchmarks/resume_cost.py
 	$(PY) benchmarks/resume_equivalence.py
 	$(PY) benchmarks/resume_equivalence.py --workers

@@ -5,6 +5,7 @@ Keras `fit` + `BackupAndRestore`.
     python benchmarks/goodput.py                       # about an hour here
     python benchmarks/goodput.py --steps 4000           # a smoke run (faults too close)
     python benchmarks/goodput.py --slurm --steps 3000   # two workers on two SLURM nodes
+    python benchmarks/goodput.py --store gcs --local-tier   # two tiers against one, on gs://
 
 Each system trains the same model (784-512-512-10, Adam, batch 128) until its optimizer
 has taken ``--steps`` steps, saving every ``--save-steps``, once without faults and once
@@ -20,6 +21,18 @@ run's duration):
 
 Nothing else acts: the restarts are the top-level command's own (``asupervisor run``,
 or ``until python trainer.py; do sleep 1; done``).
+
+**Where the checkpoints go** (``--store``): a local directory, or ``gcs``: a logdir on
+``gs://``, TensorFlow's own GCS client talking the real protocol to fake-gcs-server on
+127.0.0.1 (``tests/gcs_fixture.py``: a real bucket is only slower). ``--local-tier``
+compares, on that store, ``asupervisor run`` as it is (``asv``: a save every
+``--save-steps``, each one to the store) with the same run given ``--local-dir``
+(``asv-local``: a save to a directory of the host every ``--local-save-secs``, mirrored
+to the store behind the training). A preemption takes the host away: the local tier's
+directory is removed before the command starts again (a new node), so that run restores
+from the store what the mirror copied within the grace. Lost work per kill is said
+against the interval each saves at, and from each session's own ``checkpoint.saved``
+events, what a save held the training, and the interval that would cost 1% of the steps.
 
 **What each fault cost**, a second table: the steps trained since the last save and
 thrown away (``lost work``, at the speed before the fault), then the time from the fault
@@ -50,12 +63,14 @@ newest checkpoint, from which a person restarting it would go on.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import json
 import os
 import random
 import shutil
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -89,6 +104,16 @@ class Start:
     first: float
 
 
+@dataclass(frozen=True)
+class Where:
+    """One run's places: its work directory (the harness's records), its logdir, and its
+    local tier's directory (``None``: no local tier)."""
+
+    workdir: str
+    logdir: str
+    local: str | None
+
+
 @dataclass
 class Result:
     system: str
@@ -103,6 +128,9 @@ class Result:
     stalled: bool = False  # cut because no step was taken for --stall-secs
     costs: list[dict[str, object]] = field(default_factory=list)  # one row per fault
     cold_start: float | None = None  # the command's start to its first trainer's imports
+    saves: list[dict[str, object]] = field(default_factory=list)  # checkpoint.saved events
+    restores: list[dict[str, object]] = field(default_factory=list)  # checkpoint.restored
+    mirrored: list[dict[str, object]] = field(default_factory=list)  # checkpoint.mirrored
 
     @property
     def rate(self) -> float:
@@ -115,26 +143,31 @@ class Result:
         return self.productive / (self.speed * self.wall)
 
 
-def command(system: str, workdir: str, args: argparse.Namespace) -> list[str]:
+def command(system: str, where: Where, args: argparse.Namespace) -> list[str]:
     trainer = [
         sys.executable,
         str(TRAINER),
-        system,
-        workdir,
+        system.split("-")[0],  # asv-local trains as asv: the runner turns the tier on
+        where.workdir,
         "--steps",
         str(args.steps),
         "--save-steps",
         str(args.save_steps),
+        "--logdir",
+        where.logdir,
     ]
-    if system == "asv":
-        logdir = os.path.join(workdir, "logdir")
+    if system.startswith("asv"):
+        local = []
+        if where.local is not None:
+            local = ["--local-dir", where.local, "--local-save-secs", str(args.local_save_secs)]
         return [
             sys.executable,
             "-m",
             "asupervisor",
             "run",
             "--logdir",
-            logdir,
+            where.logdir,
+            *local,
             "--standby",
             "--stuck-after",
             str(args.stuck_after),
@@ -165,20 +198,41 @@ def alive(pid: int) -> bool:
     return state not in "ZX"
 
 
-def productive_steps(system: str, workdir: str, args: argparse.Namespace) -> int:
-    """The optimizer steps in the newest state a restart would go on from."""
-    if Path(workdir, "done").exists():
+def productive_steps(system: str, where: Where, args: argparse.Namespace) -> int:
+    """The optimizer steps in the newest state a restart would go on from (on the same
+    host: the local tier's too)."""
+    if Path(where.workdir, "done").exists():
         return args.steps
     if system == "fit":
         try:
-            metadata = json.loads(Path(workdir, "backup", "training_metadata.json").read_text())
+            metadata = json.loads(
+                Path(where.workdir, "backup", "training_metadata.json").read_text()
+            )
         except OSError:
             return 0
         return int(metadata["epoch"]) * 1000  # BackupAndRestore restarts the epoch
     import tensorflow as tf
 
-    latest = tf.train.latest_checkpoint(os.path.join(workdir, "logdir"))
-    return 0 if latest is None else int(latest.rsplit("-", 1)[1])
+    latest = tf.train.latest_checkpoint(where.logdir)
+    steps = 0 if latest is None else int(latest.rsplit("-", 1)[1])
+    if where.local is not None:  # the local tier (a directory per logdir under it)
+        for index in Path(where.local).glob("*/*.index"):
+            steps = max(steps, int(index.name.removesuffix(".index").rsplit("-", 1)[1]))
+    return steps
+
+
+def session_events(workdir: str, name: str) -> list[dict[str, object]]:
+    """The sessions' ``name`` events (``events-<pid>``, written by the ``asv`` trainer)."""
+    found = []
+    for path in Path(workdir).glob("events-*"):
+        for line in path.read_text().splitlines():
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue  # a line cut by a kill
+            if event.get("event") == name:
+                found.append(event | {"pid": int(path.name.split("-")[1])})
+    return sorted(found, key=lambda e: float(e["at"]))  # type: ignore[arg-type]
 
 
 def last_progress(workdir: str, began: float) -> float:
@@ -282,6 +336,8 @@ def fault_costs(
             floor += args.stuck_after
         recovery = after.first - fault.at
         speed_after = process_speed(workdir, after.pid)
+        came_from = [e for e in session_events(workdir, "checkpoint.restored")
+                     if e["pid"] == after.pid]  # fmt: skip
         rows.append(
             row
             | {
@@ -295,6 +351,7 @@ def fault_costs(
                 "floor s": round(floor, 2),
                 "over floor s": round(lost + recovery - floor, 2),
                 "speed after %": None if speed_after is None else round(100 * speed_after / speed),
+                "restored from": str(came_from[0].get("tier") or "logdir") if came_from else "",
             }
         )
     return rows
@@ -318,6 +375,16 @@ def kill_group(proc: subprocess.Popen[bytes], sig: int) -> None:
         pass
 
 
+def place(system: str, args: argparse.Namespace) -> Where:
+    """A new run's places: a fresh work directory, a fresh logdir on the store."""
+    workdir = tempfile.mkdtemp(prefix=f"goodput-{system}-")
+    logdir = os.path.join(workdir, "logdir")
+    if args.gcs is not None:
+        logdir = args.gcs.new_path(f"goodput-{system}")
+    local = os.path.join(workdir, "local-tier") if system == "asv-local" else None
+    return Where(workdir, logdir, local)
+
+
 def run(
     system: str,
     schedule: list[tuple[float, str]],
@@ -326,11 +393,12 @@ def run(
     keep: str,
     cold: float | None = None,
 ) -> Result:
-    workdir = tempfile.mkdtemp(prefix=f"goodput-{system}-")
+    where = place(system, args)
+    workdir = where.workdir
     result = Result(system, bool(schedule))
     delivered: list[Fault] = []
     log = open(os.path.join(keep, f"{system}-{'faults' if schedule else 'clean'}.log"), "wb")
-    cmd = command(system, workdir, args)
+    cmd = command(system, where, args)
     began, began_wall = time.monotonic(), time.time()
     proc = start(cmd, log)
     pending = list(schedule)
@@ -367,6 +435,8 @@ def run(
                         result.hung_at = now
                     delivered.append(Fault(kind, time.time(), pid))
                     deliver(kind, pid, proc)
+                    if kind == "preempt" and where.local is not None:
+                        shutil.rmtree(where.local, ignore_errors=True)  # a new node
             time.sleep(0.05)
         # A run cut by the budget or by a stall is charged the whole budget: a person
         # restarting it would come no earlier.
@@ -382,7 +452,10 @@ def run(
         kill_group(proc, signal.SIGKILL)
         proc.wait()
         time.sleep(0.5)
-        result.productive = productive_steps(system, workdir, args)
+        result.productive = productive_steps(system, where, args)
+        result.saves = session_events(workdir, "checkpoint.saved")
+        result.restores = session_events(workdir, "checkpoint.restored")
+        result.mirrored = session_events(workdir, "checkpoint.mirrored")
         result.speed = training_speed(workdir)
         result.cold_start = cold_start(workdir, began_wall)
         result.costs = fault_costs(system, delivered, workdir, began_wall, cold, args)
@@ -435,7 +508,29 @@ def main() -> None:
         help="a run that takes no step for this long is cut, charged the whole budget",
     )
     parser.add_argument("--seed", type=int, default=22)
-    parser.add_argument("--systems", default="asv,loop,fit")
+    parser.add_argument(
+        "--systems",
+        default=None,
+        help="of asv, asv-local, loop, fit (default: asv,loop,fit; with --local-tier: "
+        "asv,asv-local)",
+    )
+    parser.add_argument(
+        "--store",
+        choices=("local", "gcs"),
+        default="local",
+        help="where the logdir is: a local directory, or gs:// on a loopback GCS server",
+    )
+    parser.add_argument(
+        "--local-tier",
+        action="store_true",
+        help="compare asupervisor run with and without --local-dir (asv, asv-local)",
+    )
+    parser.add_argument(
+        "--local-save-secs",
+        type=float,
+        default=1.0,
+        help="asv-local: seconds between two saves to the local tier (default: 1)",
+    )
     parser.add_argument("--logs", default=None, help="keep the runs' output here")
     parser.add_argument(
         "--slurm",
@@ -452,10 +547,37 @@ def main() -> None:
         return
     keep = args.logs or tempfile.mkdtemp(prefix="goodput-logs-")
     os.makedirs(keep, exist_ok=True)
-    systems = args.systems.split(",")
+    systems = (args.systems or ("asv,asv-local" if args.local_tier else "asv,loop,fit")).split(",")
+    unknown = set(systems) - set(NAMES)
+    if unknown:
+        parser.error(f"--systems: unknown {', '.join(sorted(unknown))} (of {', '.join(NAMES)})")
+    with contextlib.ExitStack() as stack:
+        args.gcs = None
+        if args.store == "gcs":
+            sys.path.insert(0, str(ROOT))
+            from tests.gcs_fixture import FakeGcs
+
+            args.gcs = stack.enter_context(FakeGcs())
+            args.gcs.apply()  # the harness (it reads the logdir) and every process it starts
+        measure(args, systems, keep)
+
+
+NAMES = {
+    "asv": "`asupervisor run --standby` + `sess.train`",
+    "asv-local": "`asupervisor run --standby --local-dir` + `sess.train`",
+    "loop": "`until` loop + hand-written `CheckpointManager` loop",
+    "fit": "`until` loop + Keras `fit` + `BackupAndRestore`",
+}
+
+
+def measure(args: argparse.Namespace, systems: list[str], keep: str) -> None:
+    """The fault-free runs, the schedule, the runs under faults (each system in turn, in
+    that order, so that a slower or faster spell of the machine falls on all), the tables."""
     clean = {}
     for system in systems:
         clean[system] = run(system, [], 10**6, args, keep)
+        if not clean[system].finished:  # no duration to draw the faults' times from
+            sys.exit(f"{system}: the fault-free run did not finish (its log: {keep})")
         print(
             f"{system}: fault-free {clean[system].wall:.1f} s, {clean[system].rate:.1f} steps/s, "
             f"cold start {clean[system].cold_start or float('nan'):.1f} s",
@@ -473,13 +595,12 @@ def main() -> None:
             f"finished {r.finished}, recoveries {r.recoveries}",
             flush=True,
         )
-    names = {
-        "asv": "`asupervisor run --standby` + `sess.train`",
-        "loop": "`until` loop + hand-written `CheckpointManager` loop",
-        "fit": "`until` loop + Keras `fit` + `BackupAndRestore`",
-    }
+    names = {system: NAMES[system] for system in systems}
     print(
-        f"\n{args.steps} steps, a save every {args.save_steps}; faults: "
+        f"\n{args.steps} steps, a save every {args.save_steps}"
+        + (f", a local save every {args.local_save_secs:g} s" if "asv-local" in systems else "")
+        + f", the logdir on {'gs:// (loopback GCS server)' if args.gcs else 'a local disk'}"
+        + "; faults: "
         + ", ".join(f"{kind} at {at:.0f} s" for at, kind in schedule)
         + "\n"
     )
@@ -505,8 +626,99 @@ def main() -> None:
     print("|---" * len(columns) + "|")
     for row in costs:
         print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
+    kills = kill_losses(args, systems, clean, faulted)
+    saving = save_costs(systems, clean)
     print(f"\nlogs: {keep}")
-    write_results(args, schedule, clean, faulted, names, costs)
+    write_results(args, schedule, clean, faulted, names, costs, kills, saving)
+
+
+def tier(path: object) -> str:
+    """Which tier a save went to, from its path."""
+    return "local" if "local-tier" in str(path) else "logdir"
+
+
+def kill_losses(
+    args: argparse.Namespace,
+    systems: list[str],
+    clean: dict[str, Result],
+    faulted: dict[str, Result],
+) -> list[dict[str, object]]:
+    """Lost work per kill against the interval each system saves at: a kill loses at
+    most the interval (in seconds, at the speed of its fault-free run)."""
+    rows: list[dict[str, object]] = []
+    print("\nlost work per kill (a SIGKILL, an exception, a hang: the steps since the newest "
+          "checkpoint a restart went on from):\n")  # fmt: skip
+    print("| system | save interval s | lost work s, each | most | mean | most / interval |")
+    print("|---|---|---|---|---|---|")
+    for system in systems:
+        speed = clean[system].speed
+        interval = args.local_save_secs if system == "asv-local" else args.save_steps / speed
+        lost = [
+            float(row["lost work s"])  # type: ignore[arg-type]
+            for row in faulted[system].costs
+            if row["fault"] in ("kill", "exception", "hang") and "lost work s" in row
+        ]
+        most = max(lost, default=float("nan"))
+        mean = sum(lost) / len(lost) if lost else float("nan")
+        print(
+            f"| {system} | {interval:.2f} | {', '.join(f'{x:.2f}' for x in lost)} | "
+            f"{most:.2f} | {mean:.2f} | {most / interval:.2f} |"
+        )
+        rows.append({"system": system, "save interval s": round(interval, 2),
+                     "lost work s": lost, "most s": round(most, 2), "mean s": round(mean, 2),
+                     "most / interval": round(most / interval, 2)})  # fmt: skip
+    return rows
+
+
+def number(event: dict[str, object], key: str) -> float:
+    return float(event[key])  # type: ignore[arg-type]
+
+
+def save_costs(systems: list[str], clean: dict[str, Result]) -> list[dict[str, object]]:
+    """What a save held the training in each fault-free run (its sessions' own
+    ``checkpoint.saved``: ``blocked_seconds``), by tier, and the interval between two
+    saves at which that is 1% of the time: the shortest a run can afford."""
+    rows: list[dict[str, object]] = []
+    print("\nwhat a save held the training (fault-free runs, medians):\n")
+    print("| system | tier | saves | held s | written s | interval at 1% s | at 1%, steps |")
+    print("|---|---|---|---|---|---|---|")
+    for system in systems:
+        result = clean[system]
+        by_tier: dict[str, list[dict[str, object]]] = {}
+        for event in result.saves:
+            by_tier.setdefault(tier(event.get("path")), []).append(event)
+        for name, events in sorted(by_tier.items()):
+            held = statistics.median(float(e["blocked_seconds"]) for e in events)  # type: ignore[arg-type]
+            written = statistics.median(float(e["seconds"]) for e in events)  # type: ignore[arg-type]
+            interval = 100 * held
+            print(
+                f"| {system} | {name} | {len(events)} | {held:.4f} | {written:.4f} | "
+                f"{interval:.2f} | {interval * result.speed:.0f} |"
+            )
+            rows.append({"system": system, "tier": name, "saves": len(events),
+                         "held s": round(held, 4), "written s": round(written, 4),
+                         "interval at 1% s": round(interval, 2),
+                         "interval at 1% steps": round(interval * result.speed)})  # fmt: skip
+        mirrored = result.mirrored
+        if mirrored:
+            local = {e["step"]: number(e, "at") for e in by_tier.get("local", [])}
+            lags = [number(e, "at") - local[e["step"]] for e in mirrored if e["step"] in local]
+            copy = statistics.median(number(e, "seconds") for e in mirrored)
+            lag = statistics.median(lags) if lags else float("nan")
+            print(
+                f"| {system} | mirror to the logdir | {len(mirrored)} of {len(local)} | - | "
+                f"{copy:.4f} (a copy) | lag {lag:.2f} s (local commit to logdir commit) | |"
+            )
+            rows.append(
+                {
+                    "system": system,
+                    "tier": "mirror to the logdir",
+                    "saves": len(mirrored),
+                    "written s": round(copy, 4),
+                    "mirror lag s": round(lag, 3),
+                }
+            )
+    return rows
 
 
 LOAD_AT_START = os.getloadavg()
@@ -537,6 +749,8 @@ def write_results(
     faulted: dict[str, Result],
     names: dict[str, str],
     costs: list[dict[str, object]],
+    kills: list[dict[str, object]],
+    saving: list[dict[str, object]],
 ) -> None:
     """The figures the docs show (``benchmarks/results/goodput.json``), so that no table
     is copied by hand."""
@@ -561,14 +775,30 @@ def write_results(
                 ],
             }
         )
+    # The two tiers on a store get a file of their own: goodput.json stays the comparison
+    # with the shell loops on a local disk.
     write(
-        "goodput",
+        "goodput_tiers" if args.local_tier or args.gcs else "goodput",
         rows,
         steps=args.steps,
         save_steps=args.save_steps,
         faults=[[kind, round(at)] for at, kind in schedule],
         load=load(),
         costs=costs,
+        store="gs:// (loopback GCS server)" if args.gcs else "local disk",
+        local_save_secs=args.local_save_secs if "asv-local" in clean else None,
+        tables={
+            "Lost work per kill (a SIGKILL, an exception, a hang), against its interval": kills,
+            "What a save held the training (fault-free runs, medians), and the interval at "
+            "which that is 1% of the time": saving,
+        },
+        restores={
+            system: [
+                {"step": e.get("step"), "path": e.get("path"), "seconds": e.get("seconds")}
+                for e in faulted[system].restores
+            ]
+            for system in clean
+        },
     )
 
 

@@ -1,6 +1,7 @@
 """The trainer that benchmarks/goodput.py runs and breaks: one model, three ways to train it.
 
-    python benchmarks/goodput_trainer.py {asv,loop,fit} WORKDIR --steps N --save-steps S
+    python benchmarks/goodput_trainer.py {asv,loop,fit} WORKDIR --steps N --save-steps S \
+        [--logdir PATH]
 
 - ``asv``: ``sess.train`` under a Supervisor (meant to run under ``asupervisor run``);
 - ``loop``: a hand-written loop with ``tf.train.CheckpointManager`` (meant for a shell
@@ -17,6 +18,10 @@ at its first step: the harness sends its
 faults to a process that trains. Each process also writes ``WORKDIR/start-<pid>``: when
 its script began, when its imports were done, when its state was restored (and from which
 step), and when its first step began, so that the harness can say what each fault cost.
+``asv`` also writes the session's own events (``checkpoint.saved``, the restore, the local
+tier's) as JSON lines into ``WORKDIR/events-<pid>``: what a save held the training, and
+where each restore came from. The checkpoints go to ``--logdir`` (``WORKDIR/logdir`` by
+default; ``gs://...`` too); ``asupervisor run --local-dir`` turns on the local tier.
 """
 
 from __future__ import annotations
@@ -57,7 +62,32 @@ def parse() -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=30000)
     parser.add_argument("--save-steps", type=int, default=200)
     parser.add_argument("--steps-per-epoch", type=int, default=1000, help="(fit)")
-    return parser.parse_args()
+    parser.add_argument("--logdir", default=None, help="(default: WORKDIR/logdir)")
+    args = parser.parse_args()
+    args.logdir = args.logdir or os.path.join(args.workdir, "logdir")
+    return args
+
+
+def record_events(workdir: str) -> None:
+    """The session's events, one JSON line each, into ``WORKDIR/events-<pid>``."""
+    import json
+    import logging
+
+    path = os.path.join(workdir, f"events-{os.getpid()}")
+
+    class Record(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            event = getattr(record, "asupervisor_event", None)
+            if event is None:
+                return
+            fields = getattr(record, "asupervisor_fields", {})
+            line = {"at": record.created, "event": event, **fields}
+            with open(path, "a") as f:
+                f.write(json.dumps(line, default=str) + "\n")
+
+    logger = logging.getLogger("asupervisor")
+    logger.addHandler(Record())
+    logger.setLevel(logging.INFO)
 
 
 class Faults:
@@ -137,6 +167,7 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
     import asupervisor as asv
     from asupervisor.hooks import StopAtStepHook
 
+    record_events(args.workdir)
     tf, model, optimizer, data = build()
     faults.imported = time.time()
     step = train_step(tf, model, optimizer)
@@ -147,14 +178,14 @@ def run_asv(args: argparse.Namespace, faults: Faults) -> int:
 
     async def main() -> None:
         sv = asv.Supervisor(
-            os.path.join(args.workdir, "logdir"),
+            args.logdir,
             checkpoint={"model": model, "optimizer": optimizer},
             global_step=optimizer.iterations,
             save_model_secs=0,
             save_model_steps=args.save_steps,
             save_summaries_secs=0,
             max_to_keep=3,
-            stop_grace_secs=2,
+            stop_grace_secs=10,  # a step on a loaded machine may outlast 2 s
             heartbeat_secs=0.5,
             hooks=[StopAtStepHook(last_step=args.steps)],
         )
@@ -244,7 +275,7 @@ def run_loop(args: argparse.Namespace, faults: Faults) -> int:
     faults.imported = time.time()
     step = train_step(tf, model, optimizer)
     checkpoint = tf.train.Checkpoint(model=model, optimizer=optimizer)
-    manager = tf.train.CheckpointManager(checkpoint, os.path.join(args.workdir, "logdir"), 3)
+    manager = tf.train.CheckpointManager(checkpoint, args.logdir, 3)
     checkpoint.restore(manager.latest_checkpoint)
     done = int(optimizer.iterations.numpy())
     faults.restored = (time.time(), done)

@@ -24,6 +24,16 @@ rounds interleaved, and medians are reported with gs:// as a ratio of local:
 
 The proxy counts gs://'s requests too: all, uploads, server-side copies (``rewriteTo``:
 TF renames by copy and delete) and the bytes uploaded.
+
+Two tiers (``asv.LocalTier``: the session saves to a directory of this host, a mirror
+copies each save to the gs:// logdir behind the training), in the same rounds, against
+gs:// alone (``save sync`` and ``resume`` above):
+
+- local tier save, held / written: what a save holds the training (the snapshot) and
+  until it is committed in the local tier;
+- mirror: one copy into the logdir, and the lag from the local commit to the logdir's;
+- resume on the same host: from the local tier;
+- resume on a new host: the local tier's directory removed, from the logdir.
 """
 
 from __future__ import annotations
@@ -99,13 +109,66 @@ async def saves(logdir: str, megabytes: float, async_write: bool) -> list[dict[s
     return [e for e in events if e["event"] == "checkpoint.saved"][1:3]
 
 
-async def resume(logdir: str, megabytes: float) -> float:
+async def resume(
+    logdir: str, megabytes: float, tier: str | None = None
+) -> tuple[float, str | None]:
+    """``session()`` entry to its body on a logdir holding a checkpoint; with ``tier``, a
+    session with a local tier (under ``tier``) whose restore must come from ``expected``."""
     model = Model(megabytes)
+    kwargs: dict[str, Any] = {"save_model_steps": 10**9}
+    if tier is not None:
+        kwargs["local_tier"] = asv.LocalTier(tier, save_secs=None, save_steps=10**9)
     started = time.perf_counter()
-    async with supervisor(logdir, model, save_model_steps=10**9).session() as sess:
+    async with supervisor(logdir, model, **kwargs).session() as sess:
         seconds = time.perf_counter() - started
         assert sess.restore_report.source == "checkpoint"
-    return seconds
+        where = getattr(sess.restore_report, "tier", None)
+    return seconds, where
+
+
+async def tier_saves(logdir: str, tier: str, megabytes: float) -> dict[str, list[float]]:
+    """Two saves into the local tier after the session's first, each mirrored before the
+    next step: what each held, how long until it was committed locally, the copy's
+    seconds and the lag from the local commit to the logdir's (timed as seen here, within
+    a few ms)."""
+    model = Model(megabytes)
+    logging.getLogger("asupervisor").setLevel(logging.INFO)
+    local = asv.LocalTier(tier, save_secs=None, save_steps=1, keep=2)
+    seen: dict[tuple[str, int], float] = {}
+    with structlog.testing.capture_logs() as events:
+
+        async def until(kind: str, step: int) -> None:
+            deadline = time.monotonic() + 300
+            while (kind, step) not in seen:
+                for e in events:
+                    key = (e["event"], e.get("step"))
+                    if key not in seen and e["event"] in (
+                        "checkpoint.saved",
+                        "checkpoint.mirrored",
+                    ):
+                        seen[key] = time.perf_counter()  # type: ignore[index]
+                assert time.monotonic() < deadline, f"no {kind} at step {step}"
+                await anyio.sleep(0.002)
+
+        async with supervisor(logdir, model, local_tier=local).session() as sess:
+            for step in (0, 1, 2):
+                await until("checkpoint.saved", step)
+                await until("checkpoint.mirrored", step)
+                if step < 2:
+                    await sess.run(model.step)
+    got: dict[str, list[float]] = {}
+    for step in (1, 2):
+        saved = next(e for e in events if e["event"] == "checkpoint.saved" and e["step"] == step)
+        mirrored = next(
+            e for e in events if e["event"] == "checkpoint.mirrored" and e["step"] == step
+        )
+        assert tier in saved["path"], saved  # the save went to the local tier
+        got.setdefault("local tier save: held", []).append(saved["blocked_seconds"])
+        got.setdefault("local tier save: written", []).append(saved["seconds"])
+        got.setdefault("mirror: one copy", []).append(mirrored["seconds"])
+        lag = seen[("checkpoint.mirrored", step)] - seen[("checkpoint.saved", step)]
+        got.setdefault("mirror: lag (local commit to the logdir's)", []).append(lag)
+    return got
 
 
 def flushes(logdir: str, count: int, points: int) -> list[float]:
@@ -174,6 +237,7 @@ def main() -> None:
     results: dict[str, dict[str, list[float]]] = {"local": {}, "gs": {}}
     counts: dict[str, dict[str, int]] = {}
     summary_seconds: dict[str, float] = {}
+    tiers: dict[str, list[float]] = {}
     gs_options = writer_options(Store("gs://bucket/run"))
     with FakeGcs() as gcs, structlog.testing.capture_logs():  # the sessions' log lines
         gcs.apply()
@@ -196,12 +260,13 @@ def main() -> None:
                 events = anyio.run(saves, where("async"), args.megabytes, True)
                 got.setdefault("save async: held", []).extend(e["blocked_seconds"] for e in events)
                 got.setdefault("save async: written", []).extend(e["seconds"] for e in events)
-                seconds, count = counted(
+                (seconds, _), count = counted(
                     gcs, lambda d=sync_dir: anyio.run(resume, d, args.megabytes)
                 )
                 got.setdefault("resume", []).append(seconds)
                 if store == "gs":
                     counts["a resume"] = count
+                    two_tiers(gcs, args.megabytes, local_root, round_, tiers)
                 events_dir = where("events")
                 seconds, count = counted(
                     gcs, lambda d=events_dir: flushes(d, args.flushes, args.points)
@@ -262,7 +327,58 @@ def main() -> None:
                 "gs://": seconds,
             }
         )
-    write("object_store", table, megabytes=args.megabytes, rounds=args.rounds)
+    rows = tier_rows(tiers, results["gs"])
+    print("\ntwo tiers (local tier on this host's disk, the logdir on gs://) against gs:// alone:")
+    print("\n| | two tiers | gs:// alone | gs:// alone / two tiers |\n|---|---|---|---|")
+    for entry in rows:
+        alone = entry.get("gs:// alone (s)")
+        print(
+            f"| {entry['measure']} | {entry['two tiers (s)']:.3f} s | "
+            + (f"{alone:.3f} s | {alone / entry['two tiers (s)']:.1f}{X} |" if alone else "| |")
+        )
+    write(
+        "object_store",
+        table,
+        megabytes=args.megabytes,
+        rounds=args.rounds,
+        tables={"Two tiers (a local tier on the host's disk, the logdir on gs://) against "
+                "gs:// alone, medians of the same rounds": rows},
+    )  # fmt: skip
+
+
+def two_tiers(
+    gcs: FakeGcs, megabytes: float, root: str, round_: int, into: dict[str, list[float]]
+) -> None:
+    """One round of the two tiers: saves and their mirror, a resume on the same host, a
+    resume on a new host (the local tier's directory removed)."""
+    logdir, tier = gcs.new_path("tiers"), os.path.join(root, f"tier-{round_}")
+    for name, values in anyio.run(tier_saves, logdir, tier, megabytes).items():
+        into.setdefault(name, []).extend(values)
+    seconds, where = anyio.run(resume, logdir, megabytes, tier)
+    assert where == "local", where
+    into.setdefault("resume on the same host (local tier)", []).append(seconds)
+    shutil.rmtree(tier)
+    seconds, where = anyio.run(resume, logdir, megabytes, tier)
+    assert where == "store", where
+    into.setdefault("resume on a new host (the logdir)", []).append(seconds)
+
+
+def tier_rows(tiers: dict[str, list[float]], gs: dict[str, list[float]]) -> list[dict[str, Any]]:
+    """The two tiers' medians, each beside what gs:// alone takes for the same."""
+    alone = {
+        "local tier save: held": "save sync",  # a sync save holds the training throughout
+        "local tier save: written": "save sync",
+        "resume on the same host (local tier)": "resume",
+        "resume on a new host (the logdir)": "resume",
+    }
+    rows = []
+    for name, values in tiers.items():
+        entry: dict[str, Any] = {"measure": name, "two tiers (s)": statistics.median(values)}
+        if name in alone:
+            entry["gs:// alone (s)"] = statistics.median(gs[alone[name]])
+            entry["gs:// alone / two tiers"] = entry["gs:// alone (s)"] / entry["two tiers (s)"]
+        rows.append(entry)
+    return rows
 
 
 if __name__ == "__main__":

@@ -207,6 +207,34 @@ async def test_an_expired_lease_of_a_killed_chief_is_taken_over(
 
 
 @pytest.mark.asyncio
+async def test_a_live_lease_of_an_earlier_attempt_of_the_same_run_is_taken_over_at_once(
+    object_store: str, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`asupervisor run` starts an attempt only once every process of the one before has
+    exited: a lease of an earlier attempt of the same run is a dead chief's, however long
+    it has to run. The restart after a SIGKILL trains at once (it was refused for up to
+    30 s, and the refusal is permanent: the run gave up). Any other live lease is kept."""
+    where = object_store
+    tf.io.gfile.makedirs(where)
+    lease = f"{where}/.asupervisor.lease"
+    monkeypatch.setenv("ASUPERVISOR_RUN", "run-a")
+    monkeypatch.setenv("ASUPERVISOR_ATTEMPT", "3")
+    for run, attempt in [("run-a", 3), ("run-b", 2), (None, 2), ("run-a", None)]:
+        live = {"owner": "vm:99:cafe", "expires": time.time() + 20, "run": run,
+                "attempt": attempt}  # fmt: skip
+        write(lease, json.dumps(live).encode())
+        with pytest.raises(asv.LogdirLockedError, match=r"vm:99:cafe\) for \d+ s more"):
+            await train(where, 1)
+    killed = {"owner": "vm:98:dead", "expires": time.time() + 20, "run": "run-a", "attempt": 2}
+    write(lease, json.dumps(killed).encode())
+    await train(where, 2)
+    assert steps_on_disk(where) == [0, 2]
+    (taken,) = named(events, "logdir.lease_taken_over")
+    assert taken["owner"] == "vm:98:dead" and taken["attempt"] == 2
+    assert not tf.io.gfile.exists(lease)  # released at the end
+
+
+@pytest.mark.asyncio
 async def test_a_live_lease_names_its_holder_and_when_it_expires(object_store: str) -> None:
     where = object_store
     tf.io.gfile.makedirs(where)

@@ -19,6 +19,7 @@ from .._logdir import heartbeat as _heartbeat
 from .._logdir.heartbeat import judge
 from .._logdir.store import Store, is_object_store
 from .._run.group import Restarts, StatusMap
+from .._run.local_tier import checked_local_dir, checked_save_secs
 from .._run.slurm import SlurmError, srun_command, step_tasks
 from .._run.supervisor import (
     DEFAULT_GRACE_SECS,
@@ -77,6 +78,14 @@ supervisor exits; a child also dies with the supervisor if the supervisor is
 SIGKILLed. The children get ASUPERVISOR_CHANNEL, ASUPERVISOR_ATTEMPT
 (1, 2, ...) and ASUPERVISOR_RUN (one id per run) in their environment; with
 --workers N, TF_CONFIG too.
+
+Two tiers of checkpoints (--local-dir DIR): every child's session saves to DIR, a
+directory on this host (local SSD, or /dev/shm for the fastest), every few seconds, and
+a mirror behind the training copies each of those saves to the logdir (gs://... or any
+path). A restart on this host restores from DIR; on a new host, from the logdir. A kill
+loses at most the local interval; a host that goes away loses what the mirror had not
+copied yet ("steps at risk"). The children get ASUPERVISOR_LOCAL_DIR (and
+ASUPERVISOR_LOCAL_SAVE_SECS), read by every Supervisor given no local_tier of its own.
 """
 
 RUN_EPILOG = """\
@@ -307,6 +316,19 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         "is read from the history, so --logdir is required",
     )
     run.add_argument(
+        "--local-dir",
+        metavar="DIR",
+        help="turn on the local tier of checkpoints for every child (every worker, every "
+        "restart, every task of --slurm): its sessions save to DIR on this host every "
+        "--local-save-secs, and mirror each save to their logdir behind the training; a "
+        "directory of its own, apart from the logdir (default: off)",
+    )
+    run.add_argument(
+        "--local-save-secs",
+        metavar="SECS",
+        help="with --local-dir: seconds between two local saves (default: the session's own, 10)",
+    )
+    run.add_argument(
         "--exit-status-map",
         type=_status_map,
         default=StatusMap(),
@@ -372,13 +394,17 @@ def _run_main(args: argparse.Namespace) -> int:
         return _error(
             "run", f"cannot run {shown(repr(command[0]))}: it {why}", 126 if exists else 127
         )
+    try:
+        local_dir, local_save_secs = _local_tier(args)
+    except ValueError as exc:
+        return _error("run", str(exc), 2)
     too_many = make_room_for_files(files_needed(args.workers, args.standby))
     if too_many is not None:
         return _error("run", f"--workers {args.workers}{' --standby' if args.standby else ''} "
                       f"{too_many}: raise it, or start fewer workers", 2)  # fmt: skip
     preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
     if args.slurm:
-        return _run_slurm(args, command, preload)
+        return _run_slurm(args, command, preload, _local_tier_options(local_dir, local_save_secs))
     config = RunConfig(
         command=tuple(command),
         logdir=args.logdir,
@@ -394,15 +420,38 @@ def _run_main(args: argparse.Namespace) -> int:
         preload=preload,
         restarts=args.restarts,
         status_map=args.exit_status_map,
+        local_dir=local_dir,
+        local_save_secs=local_save_secs,
     )
     return run_command(config)
+
+
+def _local_tier(args: argparse.Namespace) -> tuple[str | None, float | None]:
+    """``--local-dir`` and ``--local-save-secs``, checked before anything starts;
+    ``ValueError`` with the one line to say, naming the flag."""
+    save_secs = None
+    if args.local_save_secs is not None:
+        if args.local_dir is None:
+            raise ValueError("--local-save-secs needs --local-dir (the local tier is off)")
+        try:
+            save_secs = checked_save_secs(args.local_save_secs)
+        except ValueError as exc:
+            raise ValueError(f"--local-save-secs {exc}") from None
+    if args.local_dir is None:
+        return None, None
+    try:
+        return checked_local_dir(args.local_dir, args.logdir), save_secs
+    except ValueError as exc:
+        raise ValueError(f"--local-dir {exc}") from None
 
 
 # What the outer run of --slurm adds to its tasks' grace: srun's own forwarding and ending.
 SLURM_GRACE_MARGIN_SECS = 15.0
 
 
-def _run_slurm(args: argparse.Namespace, command: list[str], preload: tuple[str, ...]) -> int:
+def _run_slurm(
+    args: argparse.Namespace, command: list[str], preload: tuple[str, ...], local: list[str]
+) -> int:
     """``--slurm``: the outer run. Its child is the step (srun); liveness is each task's
     own run's to watch (a beat does not cross hosts), progress is the history's."""
     if not args.logdir:
@@ -417,6 +466,7 @@ def _run_slurm(args: argparse.Namespace, command: list[str], preload: tuple[str,
         "--preload", ",".join(preload), "--logdir", args.logdir,
         *([] if args.heartbeat else ["--no-heartbeat"]),
         *(["--standby"] if args.standby else []),
+        *local,
     ]  # fmt: skip
     try:
         step = srun_command(command, os.environ, member, sys.executable)
@@ -436,6 +486,13 @@ def _run_slurm(args: argparse.Namespace, command: list[str], preload: tuple[str,
         step_tasks=step_tasks(os.environ),
     )
     return run_command(config)
+
+
+def _local_tier_options(local_dir: str | None, save_secs: float | None) -> list[str]:
+    """``--local-dir`` and ``--local-save-secs`` for each task of a ``--slurm`` step: each
+    node's own run checks them again (its own disk) and gives them to its worker."""
+    options = [] if local_dir is None else ["--local-dir", local_dir]
+    return options + ([] if save_secs is None else ["--local-save-secs", repr(save_secs)])
 
 
 def _error(command: str, message: str, status: int) -> int:

@@ -30,6 +30,7 @@ from contextlib import contextmanager
 
 from .._errors import Fenced, LogdirLockedError
 from .._log import log
+from .heartbeat import ENV_ATTEMPT, ENV_RUN
 from .store import Store
 
 LEASE_SECS = 30.0  # a lease not renewed for this long is a dead chief's
@@ -103,6 +104,15 @@ class LogdirLock:
             self._fd = None
 
 
+def _run_and_attempt() -> tuple[str | None, int | None]:
+    """The run and attempt ``asupervisor run`` gave this process (``None`` outside one)."""
+    try:
+        attempt: int | None = int(os.environ.get(ENV_ATTEMPT, ""))
+    except ValueError:
+        attempt = None
+    return os.environ.get(ENV_RUN) or None, attempt
+
+
 class LeaseLock:
     """One chief per object-store logdir: a lease object ``.asupervisor.lease`` holding
     the owner and the wall-clock time it expires, renewed every third of its length by
@@ -113,7 +123,10 @@ class LeaseLock:
     wins; the loser finds out when it reads the lease back (before its first write)
     or at its next save, and stops with ``LogdirLockedError``. Hosts' clocks must agree
     to well within ``LEASE_SECS``. A killed chief's lease blocks a new chief until it
-    expires (at most ``LEASE_SECS``); the error says when.
+    expires (at most ``LEASE_SECS``); the error says when. Except under ``asupervisor
+    run``: the lease names the run and attempt of its chief, and a chief of a later
+    attempt of the same run takes it over at once (the runner starts an attempt only
+    once every process of the one before has exited: that chief is dead).
 
     A lease that is there but cannot be read (the store failing, or TF's cache of its
     length gone stale) is nobody's to take: a new chief reads it again for a heartbeat's
@@ -129,6 +142,7 @@ class LeaseLock:
         self.store, self.seconds = store, seconds
         self.path = store.path(self.NAME)
         self.owner = f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+        self.run, self.attempt = _run_and_attempt()
         self._stop = threading.Event()
         self._lost: str | None = None
         self._expires = 0.0  # of this chief's last lease written
@@ -158,7 +172,8 @@ class LeaseLock:
         expires = time.time() + self.seconds
         # Always the same length: TF's GCS client remembers an object's length for a
         # while (GCS_STAT_CACHE_MAX_AGE) and fails a read that comes back shorter.
-        lease = json.dumps({"owner": self.owner, "expires": expires}).ljust(self.SIZE)
+        fields = {"owner": self.owner, "expires": expires, "run": self.run, "attempt": self.attempt}
+        lease = json.dumps(fields).ljust(self.SIZE)
         self.store.write(self.NAME, lease.encode())
         self._expires = expires
 
@@ -182,17 +197,34 @@ class LeaseLock:
         held = self._read_patiently()
         if held is not None and held.get("owner") != self.owner:
             expires = float(held.get("expires", 0))  # type: ignore[arg-type]
-            if expires > time.time():
+            if expires > time.time() and self._succeeds(held):
+                log.warning("logdir.lease_taken_over", path=self.path, owner=held.get("owner"),
+                            run=self.run, attempt=held.get("attempt"))  # fmt: skip
+            elif expires > time.time():
                 raise LogdirLockedError(
                     f"logdir {self.store.root!r} is leased by another chief ({held.get('owner')}) "
                     f"for {expires - time.time():.0f} s more; a killed chief's lease expires "
                     "by then. Give each run its own logdir, or make this one a non-chief"
                 )
-            log.warning("logdir.lease_expired", path=self.path, owner=held.get("owner"))
+            else:
+                log.warning("logdir.lease_expired", path=self.path, owner=held.get("owner"))
         self._write()
         self.check()  # another chief's write right after ours wins: we stop here
         self._heartbeat = threading.Thread(target=self._beat, name="asupervisor-lease", daemon=True)
         self._heartbeat.start()
+
+    def _succeeds(self, held: dict[str, object]) -> bool:
+        """Whether ``held`` is the lease of an earlier attempt of this process's
+        ``asupervisor run``: its chief has exited (the runner saw every process of that
+        attempt end before it started this one)."""
+        attempt = held.get("attempt")
+        return (
+            self.run is not None
+            and self.attempt is not None
+            and held.get("run") == self.run
+            and isinstance(attempt, int)
+            and attempt < self.attempt
+        )
 
     def _beat(self) -> None:
         """Renew until stopped, then remove the lease if it is still ours: the one thread

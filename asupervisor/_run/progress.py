@@ -36,6 +36,13 @@ class Recorded:
     newest: int | None = None  # the highest step among them
     unread: tuple[str, ...] = ()  # a logdir that could not be read, and why, each
 
+    def plus(self, other: Recorded) -> Recorded:
+        """Both reads' commits together (the local tier's and the logdir's)."""
+        steps = [s for s in (self.newest, other.newest) if s is not None]
+        return Recorded(
+            self.commits + other.commits, max(steps, default=None), self.unread + other.unread
+        )
+
 
 def places(logdirs: Iterable[str]) -> list[str]:
     """Each logdir once (a local one as an absolute path: ``--logdir`` and a session may

@@ -72,6 +72,7 @@ from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits, StopCause
 from .budget import GiveUp, RestartBudget, restartable
 from .group import Restarts, StatusMap, membership
+from .local_tier import local_tier_env, tier_dirs
 from .process import Proc, adopt, spawn
 from .progress import recorded
 from .slurm import (
@@ -145,6 +146,10 @@ class RunConfig:
     # --slurm's outer run: its child is a step of this many tasks, each an asupervisor run
     # that records its end in the logdir (group_status decides the step's status from them).
     step_tasks: int = 0
+    # --local-dir: every child's sessions save to this directory of the host first (the
+    # local tier; checked by the command line), every local_save_secs (None: their own).
+    local_dir: str | None = None
+    local_save_secs: float | None = None
 
 
 class CannotStart(Exception):
@@ -590,7 +595,13 @@ class ProcessSupervisor:
         logdirs = [*([self.config.logdir] if self.config.logdir else []), *result.logdirs]
         if not restartable(result) or not logdirs:
             return result
-        found = await recorded(logdirs, self.run_id, result.number)
+        # With --local-dir, the local tier's history first, apart (no TensorFlow, a few
+        # ms): a commit the mirror had not copied yet is progress for a restart on this
+        # host, and an object store that does not answer in time must not hide it.
+        local = await recorded(
+            tier_dirs(self.config.local_dir, logdirs), self.run_id, result.number
+        )
+        found = local.plus(await recorded(logdirs, self.run_id, result.number))
         for unread in found.unread:
             self.say("run.history_unread", attempt=result.number, why=unread)
         return dataclasses.replace(result, recorded=found)
@@ -685,6 +696,7 @@ class ProcessSupervisor:
             if config.stuck_after is not None:
                 env[_heartbeat.ENV_STUCK_AFTER] = repr(config.stuck_after)
             env.pop(_channel.ENV, None)  # each process gets its own
+            env.update(local_tier_env(config.local_dir, config.local_save_secs))
             if configs is not None:
                 env["TF_CONFIG"] = configs[rank]
             proc, how = await self._launch(rank, env)

@@ -48,6 +48,7 @@ COMMANDS = {
     "evaluation_hold": "python benchmarks/evaluation_hold.py",
     "goodput": "python benchmarks/goodput.py",
     "goodput_slurm": "python benchmarks/goodput.py --slurm --steps 4000 --save-steps 100",
+    "goodput_tiers": "python benchmarks/goodput.py --store gcs --local-tier",
     "fault_report": "python tests/faults/run_report.py",
     "resume_cost": "python benchmarks/resume_cost.py",
     "resume_equivalence": "python benchmarks/resume_equivalence.py",
@@ -130,6 +131,8 @@ def render(name: str, results: Path = RESULTS) -> str:
         tables += "\n\nA small model's save against TensorFlow's own:\n\n" + _table(
             list(data["against_tf"])
         )
+    for title, rows in data.get("tables", {}).items():  # a benchmark's further tables
+        tables += f"\n\n{title}:\n\n" + _table(list(rows))
     return "\n".join(notes) + "\n" + tables
 
 
