@@ -15,8 +15,6 @@ import textwrap
 import time
 from pathlib import Path
 
-import pytest
-
 from tests.slurm_cluster import Cluster
 
 ROOT = Path(__file__).parents[1]
@@ -157,74 +155,3 @@ def test_a_notice_to_the_batch_ends_the_step_as_preempted_and_slurm_requeues_the
     seen = starts(out)
     assert [(s["restart"], s["rank"]) for s in seen] == [(0, 0), (0, 1), (1, 0), (1, 1)]
     assert os.path.getsize(log) > 0
-
-
-def trainers_on(slurm: Cluster, node: str) -> list[int]:
-    """The training processes (not their `asupervisor run`) on ``node``: the processes in
-    its UTS namespace that run the example."""
-    from tests.slurm_cluster import uts_namespace
-
-    where = uts_namespace(slurm.pids()[node])
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or uts_namespace(int(entry.name)) != where:
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"multiworker.py") for a in argv) and b"asupervisor" not in argv:
-            found.append(int(entry.name))
-    return found
-
-
-@pytest.mark.slow
-def test_a_trainer_killed_on_node_2_restarts_the_job_from_one_agreed_checkpoint(
-    slurm: Cluster, tmp_path: Path
-) -> None:
-    """Real TensorFlow, MultiWorkerMirroredStrategy across the two nodes: a SIGKILL of the
-    worker on n2 ends the step (the worker on n1 does not hang), the run starts it again
-    in the allocation, both workers restore the same checkpoint, the job finishes."""
-    import signal as _signal
-
-    from asupervisor._logdir import ledger as _ledger
-    from asupervisor._logdir.store import Store
-
-    run, example = tmp_path / "run", ROOT / "examples" / "multiworker.py"
-    batch = tmp_path / "job.sh"
-    batch.write_text(
-        "#!/bin/sh\n"
-        f"exec {sys.executable} -m asupervisor run --slurm --logdir {run} --grace 40 "
-        f"--backoff 0 -- {sys.executable} {example} --logdir {run} --steps 3000 "
-        "--save-secs 0.5\n"
-    )
-    env = {**slurm.env, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    for name in ("ASUPERVISOR_RUN", "ASUPERVISOR_ATTEMPT", "ASUPERVISOR_CHANNEL", "TF_CONFIG"):
-        env.pop(name, None)
-    log = tmp_path / "job.log"
-    done = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "-o", str(log), str(batch)],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    job = done.stdout.strip().split(";")[0]
-    killed = []
-    for _ in range(3000):  # a checkpoint past the start is on disk: then the kill
-        if any(int(p.name.split("-")[1].split(".")[0]) > 0 for p in run.glob("model.ckpt-*.index")):
-            killed = trainers_on(slurm, "n2")
-            for pid in killed:
-                os.kill(pid, _signal.SIGKILL)
-            break
-        time.sleep(0.1)
-    assert killed, log.read_text() if log.exists() else "no log"
-    state = wait_for_end(slurm, job, log)
-    text = log.read_text()
-    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "0", text[-3000:]
-    assert "cause='worker 1 on n2" in text and "status='137 (SIGKILL)'" in text, text[-3000:]
-    assert "run.restarting attempt=2" in text and "progress='yes" in text
-    sessions = _ledger.sessions(_ledger.read(Store(str(run))))
-    # The chief's ledger: the second attempt's session restored a checkpoint past the
-    # start (the one the workers agreed on) and trained to the end.
-    (resumed,) = [s for s in sessions if s.attempt == 2]
-    assert resumed.restored_step is not None and resumed.restored_step > 0, sessions
-    assert (resumed.outcome, resumed.step) == ("done", 3000)

@@ -204,13 +204,19 @@ def passed_on(
     """The status a child's end is passed on with, from the facts: judged stuck by the
     runner, 124; stopped because its process outlived its session, the status that
     session ended with (``session_status``: the session's end is the fact, whatever then
-    ended the process); dead of the stop signal the runner forwarded for a stop of the
-    run while nothing had trained in it (``untrained``: no session began in a command
-    that runs one), preempted (42: nothing lost); anything else, its own status (a
-    SIGKILL past the grace of a stop is 137)."""
+    ended the process); dead of a signal after its session ended preempted, preempted
+    (its final checkpoint is committed); dead of the stop signal the runner forwarded for
+    a stop of the run while nothing had trained in it (``untrained``: no session began in
+    a command that runs one), preempted (42: nothing lost); anything else, its own status
+    (a SIGKILL past the grace of a stop is 137)."""
     if stuck is not None:
         return Outcome.STUCK.exit_status
     if stop is StopCause.LINGERING and session_status is not None:
+        return session_status
+    if session_status == Outcome.PREEMPTED.exit_status and returned > 128:
+        # Its session ended preempted, its final checkpoint committed; the process then
+        # died of a signal on its way out (SLURM ending the step when another task ended,
+        # a runtime's thread torn down at exit): nothing is lost, and the job resumes.
         return session_status
     requested = stop is StopCause.REQUESTED and killed is None
     if requested and untrained and returned == 128 + stop_signal:

@@ -1,0 +1,249 @@
+"""Faults of a real multi-worker TensorFlow job on the real two-node SLURM cluster
+(tests/slurm_cluster.py): ``examples/slurm/train.sbatch``, the batch script the docs
+show, runs tests/faults/deterministic.py as a MultiWorkerMirroredStrategy job of one
+worker per node (n1, n2; data auto-sharded by ``experimental_distribute_dataset``) under
+``asupervisor run --slurm``. The faults come from the workers' ``--faults`` plan at given
+steps (a SIGKILL, a hung step, a crash, a slow stretch for a signal to land in) or from
+outside (``scancel --signal``, the time limit's warning, a node lost).
+
+Each test decides from facts on disk: the marks the faults leave, the chief's ledger, the
+workers' records of the steps they trained and the checkpoints they restored, the final
+state and SLURM's own view of the job (``scontrol show job``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import Cluster
+from tests.test_slurm_jobs import job_state, wait_for_end
+
+ROOT = Path(__file__).parents[1]
+BATCH = ROOT / "examples" / "slurm" / "train.sbatch"
+PROGRAM = ROOT / "tests" / "faults" / "deterministic.py"
+SAVE_STEPS = 7  # the save interval of the job, in steps: what a fault may lose at most
+STEPS = 80  # deterministic.py's 4 epochs of 20 batches
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    dir: Path
+
+    @property
+    def run(self) -> Path:
+        return self.dir / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "job.log"
+
+    @property
+    def marks(self) -> Path:
+        return self.dir / "marks"
+
+    @property
+    def final(self) -> Path:
+        return self.dir / "final.npz"
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.exists() else "(no log yet)"
+
+
+def submit(
+    slurm: Cluster,
+    where: Path,
+    faults: list[dict[str, object]],
+    run_options: tuple[str, ...] = (),
+    sbatch_options: tuple[str, ...] = (),
+    worker_options: tuple[str, ...] = (),
+) -> Job:
+    """``sbatch examples/slurm/train.sbatch`` of the deterministic job, with its faults."""
+    where.mkdir(parents=True, exist_ok=True)
+    job = Job("", where)
+    job.marks.mkdir()
+    plan = where / "faults.json"
+    plan.write_text(json.dumps({"marks": str(job.marks), "plan": faults}))
+    env = {
+        **slurm.env,
+        "PYTHONPATH": str(ROOT),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        # The batch script runs `asupervisor` and `python` of this interpreter's install.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    for name in ("ASUPERVISOR_RUN", "ASUPERVISOR_ATTEMPT", "ASUPERVISOR_CHANNEL", "TF_CONFIG"):
+        env.pop(name, None)
+    argv = [
+        "sbatch", "--parsable", "-o", str(job.log), *sbatch_options, str(BATCH),
+        "--logdir", str(job.run), "--backoff", "0", "--grace", "20", *run_options,
+        "--", sys.executable, str(PROGRAM), str(job.run), "--record", str(where / "record"),
+        "--final", str(job.final), "--faults", str(plan), *worker_options,
+    ]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return Job(done.stdout.strip().split(";")[0], where)
+
+
+def wait_for_mark(slurm: Cluster, job: Job, name: str) -> None:
+    """Until the fault ``name`` fired (its mark is on disk); bounded by the job's end."""
+    for _ in range(3000):
+        if (job.marks / name).exists():
+            return
+        state = job_state(slurm, job.id)
+        assert state.get("JobState") not in ("COMPLETED", "FAILED", "CANCELLED"), job.text()
+        time.sleep(0.1)
+    raise AssertionError(f"no {name} in {sorted(os.listdir(job.marks))}\n{job.text()}")
+
+
+def scancel(slurm: Cluster, *args: str) -> None:
+    done = subprocess.run(
+        ["scancel", *args], env=dict(slurm.env), capture_output=True, text=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def restores(job: Job) -> list[list[int]]:
+    """Each worker's restored steps, in order (what its record says at each start)."""
+    return [
+        [int(line.split()[1]) for line in path.read_text().splitlines() if line.startswith("r")]
+        for path in sorted(job.dir.glob("record.*"))
+    ]
+
+
+def sessions(job: Job) -> list[object]:
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.store import Store
+
+    return list(_ledger.sessions(_ledger.read(Store(str(job.run)))))
+
+
+def inspect(job: Job) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", str(job.run)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture(scope="session")
+def left_alone(slurm: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Job:
+    """The job left alone, submitted once for the suite (the tests that compare with it
+    wait for it at their end: meanwhile it runs beside them)."""
+    return submit(slurm, tmp_path_factory.mktemp("left-alone"), [])
+
+
+def scontrol(slurm: Cluster, *args: str) -> None:
+    done = subprocess.run(
+        ["scontrol", *args], env=dict(slurm.env), capture_output=True, text=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def wait_for_restarts(slurm: Cluster, job: Job, restarts: int) -> None:
+    """Until SLURM has requeued the job ``restarts`` times (bounded by its end)."""
+    for _ in range(3000):
+        state = job_state(slurm, job.id)
+        if int(state.get("Restarts", "0")) >= restarts:
+            return
+        assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), job.text()
+        time.sleep(0.1)
+    raise AssertionError(f"job {job.id} was not requeued {restarts} times\n{job.text()}")
+
+
+def step_ends(job: Job) -> list[str]:
+    """The outer runs' word on each step: ``<status> <cause>``, in order, over requeues."""
+    return [
+        line.split("status='", 1)[1].split("'", 1)[0].split()[0]
+        for line in job.text().splitlines()
+        if line.startswith("asupervisor run: step.ended ")
+    ]
+
+
+@pytest.mark.slow
+def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and_ends_bitwise_equal_to_the_job_left_alone(  # noqa: E501
+    slurm: Cluster, tmp_path: Path, left_alone: Job
+) -> None:
+    """Cases 1, 2, 3, 4 and 7 of the SLURM faults in one job (one start of TensorFlow per
+    fault is what they cost). Its trainer on n2 SIGKILLs itself after a checkpoint: the
+    worker on n1 does not hang, the step ends 137 and starts again in the allocation.
+    Then a step on n1 hangs: its stack is in the log, 124, the step starts again. Then
+    ``scancel --batch --signal=USR1`` (the notice): one final save every worker agrees
+    on, 42, and SLURM requeues the job (RequeueExit=42). In the requeued run, the time
+    limit is brought near: SLURM itself sends the batch script's ``--signal=B:USR1``
+    warning, with the same ending and a second requeue. The third run finishes. Each
+    start restored one checkpoint both workers agreed on, losing at most the save
+    interval (nothing at a notice); the job, interrupted four times, ends bitwise equal
+    to the job left alone."""
+    import numpy as np
+
+    from tests.faults.deterministic import compare
+
+    job = submit(
+        slurm, tmp_path,
+        [
+            {"restart": 0, "worker": 1, "step": 10, "do": "kill"},
+            {"restart": 0, "worker": 0, "step": 24, "do": "hang"},
+            {"restart": 0, "worker": 0, "step": 30, "do": "slow", "secs": 0.5},
+            {"restart": 1, "worker": 0, "step": 45, "do": "slow", "secs": 0.5},
+        ],
+        # Appended: a requeued job's run writes on after the runs before it.
+        sbatch_options=("--open-mode=append", "--time=10"),
+        worker_options=("--step-timeout", "10"),
+    )  # fmt: skip
+    wait_for_mark(slurm, job, "slow-0-0-30")
+    scancel(slurm, "--batch", "--signal=USR1", job.id)  # the notice, to the batch script
+    wait_for_restarts(slurm, job, 1)
+    wait_for_mark(slurm, job, "slow-1-0-45")
+    # The time limit near: the warning (B:USR1@120) is due now, and SLURM sends it at
+    # its next pass over the jobs' limits (every 30 s or sooner).
+    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=2")
+    wait_for_restarts(slurm, job, 2)
+    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=10")  # no warning again
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "2", "0:0"
+    ), text[-4000:]  # fmt: skip
+
+    # Every layer's status: the steps' (the outer runs'), the chief's sessions'.
+    assert step_ends(job) == ["137", "124", "42", "42", "0"], text[-4000:]
+    assert "cause='worker 1 on n2" in text  # the kill on n2 was the cause, not its peer
+    ended = sessions(job)
+    assert [s.outcome for s in ended] == ["failed", "stuck", "preempted", "preempted", "done"]
+    # The hung step's stack, in the log: the worker's own watchdog wrote every thread's
+    # (its peer's, waiting in the step's all-reduce, timed out too).
+    timeouts = [line for line in text.splitlines() if "step.timeout" in line]
+    assert any("in fault" in t and "time.sleep(1)" in t for t in timeouts), timeouts
+
+    # One agreed checkpoint at each start, on both workers; nothing lost beyond the save
+    # interval at a failure, nothing at a notice (its final save).
+    first, second = restores(job)
+    assert first == second == [s.restored_step for s in ended], (first, second, ended)
+    for before, after in itertools.pairwise(ended):
+        assert after.restored_step is not None and before.step is not None
+        lost = before.step - after.restored_step
+        assert 0 <= lost <= (0 if before.outcome == "preempted" else SAVE_STEPS), ended
+    assert ended[-1].step == STEPS
+
+    shown = inspect(job)
+    assert "5 sessions" in shown, shown
+    for outcome in ("failed", "stuck", "preempted", "done"):
+        assert f" {outcome} " in shown, shown
+
+    left = wait_for_end(slurm, left_alone.id, left_alone.log)
+    assert (left["JobState"], left["Restarts"]) == ("COMPLETED", "0"), left_alone.text()
+    with np.load(job.final) as a, np.load(left_alone.final) as b:
+        found = compare(dict(a), dict(b))
+    assert found["weights_bitwise"] and not found["unequal"], found
