@@ -58,6 +58,14 @@ class Job:
         return self.log.read_text() if self.log.exists() else "(no log yet)"
 
 
+def queue(slurm: Cluster) -> list[str]:
+    done = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=dict(slurm.env), capture_output=True, text=True,
+        timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
 def submit(
     slurm: Cluster,
     where: Path,
@@ -69,7 +77,7 @@ def submit(
     """``sbatch examples/slurm/train.sbatch`` of the deterministic job, with its faults."""
     where.mkdir(parents=True, exist_ok=True)
     job = Job("", where)
-    job.marks.mkdir()
+    job.marks.mkdir(exist_ok=True)
     plan = where / "faults.json"
     plan.write_text(json.dumps({"marks": str(job.marks), "plan": faults}))
     env = {
@@ -136,11 +144,11 @@ def inspect(job: Job) -> str:
     return done.stdout
 
 
-@pytest.fixture(scope="session")
-def left_alone(slurm: Cluster, tmp_path_factory: pytest.TempPathFactory) -> Job:
-    """The job left alone, submitted once for the suite (the tests that compare with it
-    wait for it at their end: meanwhile it runs beside them)."""
-    return submit(slurm, tmp_path_factory.mktemp("left-alone"), [])
+@pytest.fixture
+def left_alone(slurm: Cluster, tmp_path: Path) -> Job:
+    """The job left alone, submitted as the test that compares with it begins (it waits
+    for it at its end: meanwhile it runs beside it)."""
+    return submit(slurm, tmp_path / "left-alone", [])
 
 
 def scontrol(slurm: Cluster, *args: str) -> None:
@@ -247,3 +255,89 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
     with np.load(job.final) as a, np.load(left_alone.final) as b:
         found = compare(dict(a), dict(b))
     assert found["weights_bitwise"] and not found["unequal"], found
+
+
+@pytest.mark.slow
+def test_a_crash_at_the_same_step_on_every_start_ends_in_the_crash_loop_report_and_no_requeue(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """Case 6 of the SLURM faults: the worker on n2 raises at step 10 at every start. The
+    first attempt committed checkpoints (a failure after progress costs nothing); the
+    second restored the same one and failed at the same step without a commit: with
+    ``--max-failures 1`` that is the crash loop. The run prints its report and exits 1,
+    which SLURM does not requeue (RequeueExit=42 only): the job ends FAILED, never
+    requeued."""
+    job = submit(
+        slurm, tmp_path,
+        [{"worker": 1, "step": 10, "do": "crash", "again": True}],
+        run_options=("--max-failures", "1"),
+    )  # fmt: skip
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "FAILED", "0", "1:0"
+    ), text[-4000:]  # fmt: skip
+    assert step_ends(job) == ["1", "1"], text[-4000:]
+    assert "cause='worker 1 on n2" in text
+    ended = sessions(job)
+    # The chief's sessions: both ended failed at the crash's step, the second restored
+    # the checkpoint the first committed before it (the same one at every start).
+    assert [(s.outcome, s.restored_step, s.step) for s in ended] == [
+        ("failed", 0, 10), ("failed", 7, 10),
+    ], ended  # fmt: skip
+    first, second = restores(job)
+    assert first == second == [0, 7]
+    report = text[text.index("asupervisor run: crash loop: ") :]
+    assert "1 failures in a row without a checkpoint" in report, report
+    assert "the newest it committed: step 7" in report, report
+    assert "the last failure: worker 1 on n2: exited 1 (failed)" in report, report
+    shown = inspect(job)
+    assert "2 sessions" in shown and "1 restarts" in shown, shown
+
+
+@pytest.mark.slow
+def test_a_node_lost_ends_the_job_which_slurm_requeues_and_which_resumes_once_the_node_is_back(
+    slurm_alone: Cluster, tmp_path: Path
+) -> None:
+    """Case 5 of the SLURM faults: node n2 is lost while the job trains (its slurmd and
+    every process on it SIGKILLed). SLURM declares the node down (SlurmdTimeout), ends the
+    job for the node's failure and requeues it (``--requeue``); the job waits for two
+    nodes, runs again once n2 is back, resumes from the checkpoint both workers agree on,
+    losing at most the save interval, and finishes. The test has the cluster alone (the
+    node's loss would end any other job on it) and brings the node back whatever
+    happens."""
+    slurm = slurm_alone
+    for _ in range(3000):  # a job of someone else's on the cluster would be lost too
+        if not queue(slurm):
+            break
+        time.sleep(0.2)
+    job = submit(
+        slurm, tmp_path,
+        [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 0.5}],
+        sbatch_options=("--open-mode=append",),
+    )  # fmt: skip
+    wait_for_mark(slurm, job, "slow-0-0-10")
+    try:
+        slurm.lose_node("n2")
+        wait_for_restarts(slurm, job, 1)  # SLURM's own requeue, for the node's failure
+    finally:
+        slurm.restore_node("n2")
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "1", "0:0"
+    ), text[-4000:]  # fmt: skip
+    # The step failed (its worker on n1 lost its peer: 1, not the 42 SLURM requeues on
+    # its own): the requeue was SLURM's, for the node. Then the job ran again, and ended.
+    assert step_ends(job) == ["1", "0"], text[-4000:]
+    ended = sessions(job)
+    assert [s.outcome for s in ended] == ["failed", "done"], ended
+    first, second = restores(job)
+    assert first == second == [s.restored_step for s in ended], (first, second, ended)
+    lost, resumed = ended
+    assert lost.step is not None and resumed.restored_step is not None
+    assert lost.step >= 10 and 0 < lost.step - resumed.restored_step <= SAVE_STEPS, ended
+    assert resumed.step == STEPS
+    shown = inspect(job)
+    assert "2 sessions, 1 restarts" in shown, shown
+    assert slurm.running()  # the node is back, for the tests after this one

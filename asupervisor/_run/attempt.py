@@ -285,6 +285,9 @@ class AttemptResult:
     # Its commits as the history on disk records them, read once every child had ended
     # (``progress``); None: not read (no logdir known, or nothing turns on it).
     recorded: Recorded | None = None
+    # The cause in words when the runner's own children do not tell it: --slurm's step,
+    # whose cause is the task its tasks' records name (``_run.slurm.group_status``).
+    cause: str | None = None
 
     @property
     def statuses(self) -> list[int]:
@@ -334,6 +337,8 @@ class AttemptResult:
     def why(self) -> str:
         """The cause: the first worker that failed (the others were stopped with it); the
         worst ending too, when another worker's was worse."""
+        if self.cause is not None:
+            return self.cause
         cause, worst = self.first_failure or self.worst, self.worst
         text = cause.describe()
         if cause.stuck is not None:

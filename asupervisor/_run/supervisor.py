@@ -323,7 +323,9 @@ class ProcessSupervisor:
         self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
         decided = dataclasses.replace(step, status=status)
         first = decided if result.first_failure is not None else None
-        return dataclasses.replace(result, ends=(decided,), first_failure=first)
+        return dataclasses.replace(
+            result, ends=(decided,), first_failure=first, cause=f"{cause} {describe_status(status)}"
+        )
 
     async def _reaped(self) -> None:
         """Wait (bounded) until every killed process was reaped: a process left to the
