@@ -11,7 +11,9 @@ The line before a block may say how to treat it:
 `<!-- docs-test: skip (REASON) -->` (a reason is required), `<!-- docs-test: parse -->`
 (a python block is compiled, not run), `<!-- docs-test: continue -->` (a python block is
 run joined to the previous python block of the same page), `<!-- docs-test: run (HOW) -->`
-(a shell block that a test of its own below runs for real, as HOW says).
+(a shell block that a test of its own below runs for real, as HOW says),
+`<!-- docs-test: file (PATH) -->` (the block is the repository's file PATH, byte for byte:
+the tests run that file).
 
 The pages speak to a user: no issue numbers, no "this machine" (and for the guide pages,
 no "the contract" nor where the project once was), and their measured tables are current
@@ -99,7 +101,7 @@ def test_every_block_says_what_it_is_and_every_skip_says_why() -> None:
     assert len(ALL) > 10, "the block finder found almost nothing"
     for block in ALL:
         assert block.lang in CODE | {"text"}, f"{block.where}: a block without a known language"
-        assert block.marker in (None, "skip", "parse", "continue", "run"), block.where
+        assert block.marker in (None, "skip", "parse", "continue", "run", "file"), block.where
         if block.marker == "skip":
             assert block.reason and block.reason.strip(), f"{block.where}: a skip with no reason"
         if block.marker in ("parse", "continue"):
@@ -475,3 +477,12 @@ def test_the_sites_wide_tables_and_code_blocks_scroll_instead_of_being_cut_off()
     assert "overflow-x: auto" in style(".md-typeset table:not([class])")
     assert "overflow-x: auto" in style(".md-typeset pre > code")
     assert "overflow-wrap: anywhere" in style("td")
+
+
+def test_a_block_that_shows_a_file_is_that_file_byte_for_byte() -> None:
+    """The SLURM batch script the docs show is the one tests/test_slurm_faults.py submits."""
+    shown = [b for b in ALL if b.marker == "file"]
+    assert any(b.reason == "examples/slurm/train.sbatch" for b in shown)
+    for block in shown:
+        assert block.reason is not None, block.where
+        assert block.text == (ROOT / block.reason).read_text(), block.where

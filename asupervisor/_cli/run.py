@@ -59,7 +59,8 @@ on the training thread (a save, a sess.call, an epoch's end, a rollback's restor
 all of it before the first step has ended and during the final checkpoint, is bounded
 by --startup-timeout instead. A process that still runs --stuck-after after its session ended is
 stopped the same way, and its end is passed on with its session's status (a done run
-stays done).
+stays done); one that dies of a signal after its session ended preempted (its final
+checkpoint committed) is passed on preempted.
 
 A job across hosts: when the one child is one worker of a larger job that others
 start (TF_CONFIG names more than one task, or SLURM_STEP_NUM_TASKS > 1), a worker
