@@ -120,6 +120,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # shared among the workers, so that no worker starts a minute-long test when the others
 # are done.
 LONGEST_FIRST = (
+    "test_slurm_faults.py",
     "test_run_sessions.py",
     "test_demo.py",
     "test_install.py",

@@ -1,14 +1,13 @@
 """``asupervisor run --slurm`` on a real two-node SLURM cluster (tests/slurm_cluster.py):
 the job runs as one step of a task per node, each task's worker with its TF_CONFIG from
 SLURM's environment; a failed step is started again inside the allocation, every worker
-together, with the outer run's identity; a notice to the batch script ends the step with
-the workers' own status, 42, and SLURM requeues the job, which runs again. Tiny workers
-(no TensorFlow) speak what a real one would: their exit statuses."""
+together, with the outer run's identity. Tiny workers (no TensorFlow) speak what a real
+one would: their exit statuses. The faults of a real TensorFlow job (a notice and SLURM's
+requeue among them) are tests/test_slurm_faults.py's."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -125,33 +124,3 @@ def test_a_failed_step_is_started_again_in_the_allocation_every_worker_together(
     text = log.read_text()
     assert text.count("run.restart_left_to_engine") == 1, text  # the task on n2, once
     assert "run.restarting attempt=2" in text and "run.ended status='0 (done)'" in text
-
-
-def test_a_notice_to_the_batch_ends_the_step_as_preempted_and_slurm_requeues_the_job(
-    slurm: Cluster, tmp_path: Path
-) -> None:
-    job = submit(
-        slurm, tmp_path,
-        """
-        if restart == 0:
-            time.sleep(600)  # until the notice
-        """,
-        "--grace", "10",
-    )  # fmt: skip
-    out = tmp_path / "out"
-    for _ in range(1500):  # both workers started: the notice reaches a running step
-        if len(list(out.glob("start-0-*"))) == 2:
-            break
-        time.sleep(0.2)
-    signal = subprocess.run(
-        ["scancel", "--batch", "--signal=USR1", job],
-        env=dict(slurm.env), capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    assert signal.returncode == 0, signal.stderr
-    log = tmp_path / "job.log"
-    state = wait_for_end(slurm, job, log)
-    assert state["JobState"] == "COMPLETED", log.read_text()
-    assert state["Restarts"] == "1"  # requeued once, by SLURM (RequeueExit=42)
-    seen = starts(out)
-    assert [(s["restart"], s["rank"]) for s in seen] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert os.path.getsize(log) > 0
