@@ -516,8 +516,11 @@ def test_a_child_dead_of_a_signal_after_its_session_ended_preempted_is_preempted
         assert passed_on(returned, None, None, None, False, term, session_status=42) == 42
         stopped = StopCause.REQUESTED
         assert passed_on(returned, stopped, None, None, False, term, session_status=42) == 42
-    # A session that ended otherwise keeps the process's own status (done, then killed
-    # before what came after the session was done: that part runs again).
+    # A session that ended done, then the run's stop as it left (a time limit's warning
+    # at the end; seen on the SLURM cluster: 143, the job FAILED): preempted, so what
+    # came after the session runs again at the requeue. Not the runner's stop: its own.
+    stopped = StopCause.REQUESTED
+    assert passed_on(143, stopped, None, None, False, term, session_status=0) == 42
     assert passed_on(137, None, None, None, False, term, session_status=0) == 137
     assert passed_on(1, None, None, None, False, term, session_status=42) == 1  # no signal
 

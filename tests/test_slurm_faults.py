@@ -203,8 +203,9 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
         [
             {"restart": 0, "worker": 1, "step": 10, "do": "kill"},
             {"restart": 0, "worker": 0, "step": 24, "do": "hang"},
-            {"restart": 0, "worker": 0, "step": 30, "do": "slow", "secs": 0.5},
-            {"restart": 1, "worker": 0, "step": 45, "do": "slow", "secs": 0.5},
+            # Slow from there on, until the notice ends it (one comes within a step).
+            {"restart": 0, "worker": 0, "step": 30, "do": "slow", "secs": 1},
+            {"restart": 1, "worker": 0, "step": 45, "do": "slow", "secs": 2},
         ],
         # Appended: a requeued job's run writes on after the runs before it.
         sbatch_options=("--open-mode=append", "--time=10"),

@@ -207,8 +207,9 @@ def passed_on(
     ended the process); dead of a signal after its session ended preempted, preempted
     (its final checkpoint is committed); dead of the stop signal the runner forwarded for
     a stop of the run while nothing had trained in it (``untrained``: no session began in
-    a command that runs one), preempted (42: nothing lost); anything else, its own status
-    (a SIGKILL past the grace of a stop is 137)."""
+    a command that runs one), or of a signal after its session ended done, preempted (42:
+    nothing lost); anything else, its own status (a SIGKILL past the grace of a stop is
+    137)."""
     if stuck is not None:
         return Outcome.STUCK.exit_status
     if stop is StopCause.LINGERING and session_status is not None:
@@ -220,6 +221,11 @@ def passed_on(
         return session_status
     requested = stop is StopCause.REQUESTED and killed is None
     if requested and untrained and returned == 128 + stop_signal:
+        return Outcome.PREEMPTED.exit_status
+    if requested and session_status == Outcome.DONE.exit_status and returned > 128:
+        # The run's stop came as it left after its session ended done (a time limit's
+        # warning at the end): nothing is lost, but what came after the session may not
+        # have run; preempted, so a requeue runs it again (a resume that ends at once).
         return Outcome.PREEMPTED.exit_status
     return returned
 
