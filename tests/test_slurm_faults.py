@@ -170,6 +170,16 @@ def wait_for_restarts(slurm: Cluster, job: Job, restarts: int) -> None:
     raise AssertionError(f"job {job.id} was not requeued {restarts} times\n{job.text()}")
 
 
+WARN_SECS = 240  # the time limit's warning: this long before it
+
+
+def run_secs(shown: str) -> int:
+    """SLURM's ``RunTime`` (``[D-]HH:MM:SS``) in seconds."""
+    days, _, clock = shown.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
 def step_ends(job: Job) -> list[str]:
     """The outer runs' word on each step: ``<status> <cause>``, in order, over requeues."""
     return [
@@ -189,8 +199,8 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
     Then a step on n1 hangs: its stack is in the log, 124, the step starts again. Then
     ``scancel --batch --signal=USR1`` (the notice): one final save every worker agrees
     on, 42, and SLURM requeues the job (RequeueExit=42). In the requeued run, the time
-    limit is brought near: SLURM itself sends the batch script's ``--signal=B:USR1``
-    warning, with the same ending and a second requeue. The third run finishes. Each
+    limit is brought near: SLURM itself sends the ``--signal=B:USR1@secs`` warning, with
+    the same ending and a second requeue. The third run finishes. Each
     start restored one checkpoint both workers agreed on, losing at most the save
     interval (nothing at a notice); the job, interrupted four times, ends bitwise equal
     to the job left alone."""
@@ -208,7 +218,9 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
             {"restart": 1, "worker": 0, "step": 45, "do": "slow", "secs": 2},
         ],
         # Appended: a requeued job's run writes on after the runs before it.
-        sbatch_options=("--open-mode=append", "--time=10"),
+        # The warning WARN_SECS before the time limit; the limit far until the test
+        # brings it near.
+        sbatch_options=("--open-mode=append", "--time=30", f"--signal=B:USR1@{WARN_SECS}"),
         # A step of this job takes milliseconds, but a loaded machine has held one for 10 s.
         worker_options=("--step-timeout", "20"),
     )  # fmt: skip
@@ -216,11 +228,13 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
     scancel(slurm, "--batch", "--signal=USR1", job.id)  # the notice, to the batch script
     wait_for_restarts(slurm, job, 1)
     wait_for_mark(slurm, job, "slow-1-0-45")
-    # The time limit near: the warning (B:USR1@120) is due now, and SLURM sends it at
-    # its next pass over the jobs' limits (every 30 s or sooner).
-    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=2")
+    # The time limit near: between 3 and 4 minutes left (SLURM's limits are in minutes),
+    # so the warning is due now, SLURM sends it at its next pass over the jobs' limits
+    # (every 30 s or sooner), and the final save has minutes before the limit.
+    ran = run_secs(job_state(slurm, job.id)["RunTime"])
+    scontrol(slurm, "update", f"JobId={job.id}", f"TimeLimit={(ran + WARN_SECS) // 60}")
     wait_for_restarts(slurm, job, 2)
-    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=10")  # no warning again
+    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=30")  # no warning again
     state = wait_for_end(slurm, job.id, job.log)
     text = job.text()
     assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
