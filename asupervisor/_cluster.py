@@ -24,11 +24,13 @@ a decision arrives.
 
 from __future__ import annotations
 
+import atexit
 import enum
 import itertools
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -38,6 +40,23 @@ from ._log import log
 POLL_MS = 500  # how long one blocking read of the store waits before checking for close
 ACK_TIMEOUT_SECS = 60.0  # a worker that does not acknowledge in this time is taken as lost
 _sessions = itertools.count()  # key namespace: one per session in this process
+EXIT_JOIN_SECS = POLL_MS / 1000 + 1.0  # at exit: one read of the store, and a margin
+_started: weakref.WeakSet[Agreement] = weakref.WeakSet()  # whose watchers may still run
+
+
+@atexit.register
+def _close_watchers_at_exit() -> None:
+    """Before the interpreter finalizes: a watcher thread that comes back from a read of
+    the store into a finalizing interpreter is ended by an unwind through TensorFlow's
+    C++ frames, which aborts the process (SIGABRT, "FATAL: exception not rethrown"; seen
+    on a worker that had stopped cleanly, after its final save). Each watcher is closed
+    and waited for, at most one read."""
+    agreements = list(_started)
+    for agreement in agreements:
+        agreement.close()
+    deadline = time.monotonic() + EXIT_JOIN_SECS
+    for agreement in agreements:
+        agreement.join_watcher(max(0.0, deadline - time.monotonic()))
 
 
 class DecisionKind(enum.Enum):
@@ -154,6 +173,12 @@ class Agreement:
 
     def start(self) -> None:
         self._watcher.start()
+        _started.add(self)
+
+    def join_watcher(self, timeout_secs: float) -> None:
+        """Wait up to ``timeout_secs`` for the watcher thread to end (after ``close``)."""
+        if self._watcher.is_alive():
+            self._watcher.join(timeout_secs)
 
     def close(self) -> None:
         """Not waited for: the watcher may sit in a read of the store for up to

@@ -74,7 +74,7 @@ def _share_one_slurm_cluster(config: pytest.Config) -> None:
 
 
 @pytest.fixture(scope="session")
-def slurm() -> SlurmCluster:
+def slurm_cluster() -> SlurmCluster:
     """The suite's SLURM cluster; the test is skipped, saying why, where none can run."""
     from tests import slurm_cluster
 
@@ -82,6 +82,24 @@ def slurm() -> SlurmCluster:
     if why:
         pytest.skip(why)
     return slurm_cluster.shared()
+
+
+@pytest.fixture
+def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The suite's SLURM cluster, shared with the other tests while this one runs."""
+    from tests.slurm_cluster import in_use
+
+    with in_use(slurm_cluster) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def slurm_alone(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
+    """The suite's SLURM cluster, for this test alone (it takes a node away)."""
+    from tests.slurm_cluster import in_use
+
+    with in_use(slurm_cluster, alone=True) as cluster:
+        yield cluster
 
 
 def pytest_report_header(config: pytest.Config) -> str:
@@ -102,6 +120,7 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
 # shared among the workers, so that no worker starts a minute-long test when the others
 # are done.
 LONGEST_FIRST = (
+    "test_slurm_faults.py",
     "test_run_sessions.py",
     "test_demo.py",
     "test_install.py",

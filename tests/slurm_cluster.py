@@ -16,6 +16,7 @@ daemons run as root, ``unshare --uts``) and Debian's ``slurm-wlm`` and ``munge``
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import signal
@@ -24,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -162,13 +163,39 @@ class Cluster:
         self._wait_for(lambda: (self.root / "munge" / "socket").exists(), "munged's socket")
         self._start("slurmctld", [_program("slurmctld"), "-D", "-c", "-f", str(self.conf)])
         for name, _ in self.nodes:
-            # Its own host name: the tasks on this node see `hostname` == name.
-            self._start(
-                name,
-                [_program("unshare"), "--uts", "sh", "-c",
-                 f'hostname {name} && exec {_program("slurmd")} -D -f "{self.conf}" -N {name}'],
-            )  # fmt: skip
+            self._start_node(name)
         self._wait_for(self._nodes_up, "both nodes idle")
+
+    def _start_node(self, name: str) -> None:
+        # Its own host name: the tasks on this node see `hostname` == name.
+        self._start(
+            name,
+            [_program("unshare"), "--uts", "sh", "-c",
+             f'hostname {name} && exec {_program("slurmd")} -D -f "{self.conf}" -N {name}'],
+        )  # fmt: skip
+
+    def lose_node(self, name: str) -> None:
+        """The node is lost: its ``slurmd`` and every process on it (its UTS namespace:
+        slurmstepd, the tasks) SIGKILLed at once, as a machine that dies. ``restore_node``
+        brings it back."""
+        pid = self.pids()[name]
+        where = uts_namespace(pid)
+        if where is None or where == uts_namespace(os.getpid()):
+            raise RuntimeError(f"node {name}'s slurmd (pid {pid}) has no namespace of its own")
+        for each in [pid, *in_namespaces({where})]:
+            try:
+                os.kill(each, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        self._pidfile(name).unlink(missing_ok=True)
+
+    def restore_node(self, name: str) -> None:
+        """Start the node's ``slurmd`` again (if it is not running) and wait until every
+        node is up: ReturnToService=2 lets a node that was down take jobs again."""
+        pid = self.pids().get(name)
+        if pid is None or not alive(pid):
+            self._start_node(name)
+        self._wait_for(self._nodes_up, "every node up again")
 
     def _munged(self) -> list[str]:
         munge = self.root / "munge"
@@ -299,6 +326,21 @@ class Cluster:
             _signal_group(pid, signal.SIGKILL)
         for name in pids:
             self._pidfile(name).unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def in_use(cluster: Cluster, alone: bool = False) -> Iterator[Cluster]:
+    """The cluster held while a test's jobs run on it: shared by every test (pytest-xdist
+    workers run them side by side), or ``alone`` for one that takes a node away (its
+    loss would end the others' jobs); an exclusive holder waits for the shared ones."""
+    import fcntl
+
+    with open(cluster.root / "use.lock", "a") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
+        try:
+            yield cluster
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def uts_namespace(pid: int) -> str | None:

@@ -12,7 +12,8 @@ The line before a block may say how to treat it:
 (a python block is compiled, not run), `<!-- docs-test: continue -->` (a python block is
 run joined to the previous python block of the same page), `<!-- docs-test: run (HOW) -->`
 (a shell block that a test of its own below runs for real, as HOW says),
-`<!-- docs-test: file (PATH) -->` (the block is the repository's file PATH, as it is).
+`<!-- docs-test: file (PATH) -->` (the block is the repository's file PATH, byte for byte:
+the tests run that file).
 
 The pages speak to a user: no issue numbers, no "this machine" (and for the guide pages,
 no "the contract" nor where the project once was), and their measured tables are current
@@ -111,8 +112,11 @@ def test_every_block_says_what_it_is_and_every_skip_says_why() -> None:
 
 
 def test_a_block_that_shows_a_file_shows_it_as_it_is() -> None:
+    """The SLURM batch script the docs show is the one tests/test_slurm_faults.py submits;
+    the Kubernetes manifests are the ones tests/test_kubernetes_recipes.py checks."""
     shown = [block for block in ALL if block.marker == "file"]
-    assert shown, "no block shows a file"
+    assert any(b.reason == "examples/slurm/train.sbatch" for b in shown)
+    assert any((b.reason or "").startswith("examples/kubernetes/") for b in shown)
     for block in shown:
         assert block.reason, f"{block.where}: which file?"
         assert block.text == (ROOT / block.reason).read_text(), (

@@ -505,6 +505,26 @@ def test_a_child_dead_of_the_stop_signal_after_its_session_began_keeps_its_statu
     assert passed_on(143, lingering, None, None, False, term, session_status=None) == 143
 
 
+def test_a_child_dead_of_a_signal_after_its_session_ended_preempted_is_preempted() -> None:
+    """Its final checkpoint is committed: SLURM ending the step when another task exited
+    42 (srun --kill-on-bad-exit), or a runtime's thread torn down at exit (SIGABRT), loses
+    nothing. Seen on the SLURM cluster: 143 and 134 after 'stopped 42', and no requeue."""
+    from asupervisor._run.attempt import StopCause, passed_on
+
+    term = int(signal.SIGTERM)
+    for returned in (143, 134, 137):
+        assert passed_on(returned, None, None, None, False, term, session_status=42) == 42
+        stopped = StopCause.REQUESTED
+        assert passed_on(returned, stopped, None, None, False, term, session_status=42) == 42
+    # A session that ended done, then the run's stop as it left (a time limit's warning
+    # at the end; seen on the SLURM cluster: 143, the job FAILED): preempted, so what
+    # came after the session runs again at the requeue. Not the runner's stop: its own.
+    stopped = StopCause.REQUESTED
+    assert passed_on(143, stopped, None, None, False, term, session_status=0) == 42
+    assert passed_on(137, None, None, None, False, term, session_status=0) == 137
+    assert passed_on(1, None, None, None, False, term, session_status=42) == 1  # no signal
+
+
 WORKERS = """
     import json, os, signal, sys, time
     rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]

@@ -251,3 +251,16 @@ def test_in_a_slurm_step_the_failed_task_ends_the_step_and_no_task_restarts_alon
     assert "run.restart_left_to_engine after='worker 0: 1 (failed)'" in done.stderr
     assert "restarts='engine (one task of a SLURM step of 2 tasks)'" in done.stderr
     assert "run.restarting" not in done.stderr  # and the sleeping task ended with the step
+
+
+def test_the_ports_of_a_slurm_jobs_workers_stay_below_the_ephemeral_range() -> None:
+    """A busy host's outgoing connections take ports from 32768 on (Linux's default): a
+    worker's gRPC server there could not start, attempt after attempt."""
+    from asupervisor._run.slurm import Step, port_for
+
+    for job in range(1, 400):
+        for restart in range(3):
+            step = Step(str(job), 0, ("n1", "n2", "n3", "n4"), (2, 2, 2, 2), restart)
+            for attempt in range(1, 6):
+                base = port_for(step, attempt)
+                assert 1024 < base and base + step.tasks <= 32768, (job, restart, attempt)

@@ -1,21 +1,18 @@
 """``asupervisor run --slurm`` on a real two-node SLURM cluster (tests/slurm_cluster.py):
 the job runs as one step of a task per node, each task's worker with its TF_CONFIG from
 SLURM's environment; a failed step is started again inside the allocation, every worker
-together, with the outer run's identity; a notice to the batch script ends the step with
-the workers' own status, 42, and SLURM requeues the job, which runs again. Tiny workers
-(no TensorFlow) speak what a real one would: their exit statuses."""
+together, with the outer run's identity. Tiny workers (no TensorFlow) speak what a real
+one would: their exit statuses. The faults of a real TensorFlow job (a notice and SLURM's
+requeue among them) are tests/test_slurm_faults.py's."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
-
-import pytest
 
 from tests.slurm_cluster import Cluster
 
@@ -127,104 +124,3 @@ def test_a_failed_step_is_started_again_in_the_allocation_every_worker_together(
     text = log.read_text()
     assert text.count("run.restart_left_to_engine") == 1, text  # the task on n2, once
     assert "run.restarting attempt=2" in text and "run.ended status='0 (done)'" in text
-
-
-def test_a_notice_to_the_batch_ends_the_step_as_preempted_and_slurm_requeues_the_job(
-    slurm: Cluster, tmp_path: Path
-) -> None:
-    job = submit(
-        slurm, tmp_path,
-        """
-        if restart == 0:
-            time.sleep(600)  # until the notice
-        """,
-        "--grace", "10",
-    )  # fmt: skip
-    out = tmp_path / "out"
-    for _ in range(1500):  # both workers started: the notice reaches a running step
-        if len(list(out.glob("start-0-*"))) == 2:
-            break
-        time.sleep(0.2)
-    signal = subprocess.run(
-        ["scancel", "--batch", "--signal=USR1", job],
-        env=dict(slurm.env), capture_output=True, text=True, timeout=30, check=False,
-    )  # fmt: skip
-    assert signal.returncode == 0, signal.stderr
-    log = tmp_path / "job.log"
-    state = wait_for_end(slurm, job, log)
-    assert state["JobState"] == "COMPLETED", log.read_text()
-    assert state["Restarts"] == "1"  # requeued once, by SLURM (RequeueExit=42)
-    seen = starts(out)
-    assert [(s["restart"], s["rank"]) for s in seen] == [(0, 0), (0, 1), (1, 0), (1, 1)]
-    assert os.path.getsize(log) > 0
-
-
-def trainers_on(slurm: Cluster, node: str) -> list[int]:
-    """The training processes (not their `asupervisor run`) on ``node``: the processes in
-    its UTS namespace that run the example."""
-    from tests.slurm_cluster import uts_namespace
-
-    where = uts_namespace(slurm.pids()[node])
-    found = []
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit() or uts_namespace(int(entry.name)) != where:
-            continue
-        try:
-            argv = (entry / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if any(a.endswith(b"multiworker.py") for a in argv) and b"asupervisor" not in argv:
-            found.append(int(entry.name))
-    return found
-
-
-@pytest.mark.slow
-def test_a_trainer_killed_on_node_2_restarts_the_job_from_one_agreed_checkpoint(
-    slurm: Cluster, tmp_path: Path
-) -> None:
-    """Real TensorFlow, MultiWorkerMirroredStrategy across the two nodes: a SIGKILL of the
-    worker on n2 ends the step (the worker on n1 does not hang), the run starts it again
-    in the allocation, both workers restore the same checkpoint, the job finishes."""
-    import signal as _signal
-
-    from asupervisor._logdir import ledger as _ledger
-    from asupervisor._logdir.store import Store
-
-    run, example = tmp_path / "run", ROOT / "examples" / "multiworker.py"
-    batch = tmp_path / "job.sh"
-    batch.write_text(
-        "#!/bin/sh\n"
-        f"exec {sys.executable} -m asupervisor run --slurm --logdir {run} --grace 40 "
-        f"--backoff 0 -- {sys.executable} {example} --logdir {run} --steps 3000 "
-        "--save-secs 0.5\n"
-    )
-    env = {**slurm.env, "PYTHONPATH": str(ROOT), "TF_CPP_MIN_LOG_LEVEL": "3"}
-    for name in ("ASUPERVISOR_RUN", "ASUPERVISOR_ATTEMPT", "ASUPERVISOR_CHANNEL", "TF_CONFIG"):
-        env.pop(name, None)
-    log = tmp_path / "job.log"
-    done = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "-o", str(log), str(batch)],
-        env=env, capture_output=True, text=True, timeout=60, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    job = done.stdout.strip().split(";")[0]
-    killed = []
-    for _ in range(3000):  # a checkpoint past the start is on disk: then the kill
-        if any(int(p.name.split("-")[1].split(".")[0]) > 0 for p in run.glob("model.ckpt-*.index")):
-            killed = trainers_on(slurm, "n2")
-            for pid in killed:
-                os.kill(pid, _signal.SIGKILL)
-            break
-        time.sleep(0.1)
-    assert killed, log.read_text() if log.exists() else "no log"
-    state = wait_for_end(slurm, job, log)
-    text = log.read_text()
-    assert state["JobState"] == "COMPLETED" and state["Restarts"] == "0", text[-3000:]
-    assert "cause='worker 1 on n2" in text and "status='137 (SIGKILL)'" in text, text[-3000:]
-    assert "run.restarting attempt=2" in text and "progress='yes" in text
-    sessions = _ledger.sessions(_ledger.read(Store(str(run))))
-    # The chief's ledger: the second attempt's session restored a checkpoint past the
-    # start (the one the workers agreed on) and trained to the end.
-    (resumed,) = [s for s in sessions if s.attempt == 2]
-    assert resumed.restored_step is not None and resumed.restored_step > 0, sessions
-    assert (resumed.outcome, resumed.step) == ("done", 3000)

@@ -60,7 +60,9 @@ on the training thread (a save, a sess.call, an epoch's end, a rollback's restor
 all of it before the first step has ended and during the final checkpoint, is bounded
 by --startup-timeout instead. A process that still runs --stuck-after after its session ended is
 stopped the same way, and its end is passed on with its session's status (a done run
-stays done).
+stays done); one that dies of a signal after its session ended preempted (its final
+checkpoint committed), or of the run's stop after its session ended done, is passed on
+preempted: nothing is lost, and a restart runs what followed the session.
 
 A job across hosts: when the one child is one worker of a larger job that others
 start (TF_CONFIG names more than one task, or SLURM_STEP_NUM_TASKS > 1), a worker

@@ -206,16 +206,28 @@ def passed_on(
     """The status a child's end is passed on with, from the facts: judged stuck by the
     runner, 124; stopped because its process outlived its session, the status that
     session ended with (``session_status``: the session's end is the fact, whatever then
-    ended the process); dead of the stop signal the runner forwarded for a stop of the
-    run while nothing had trained in it (``untrained``: no session began in a command
-    that runs one), preempted (42: nothing lost); anything else, its own status (a
-    SIGKILL past the grace of a stop is 137)."""
+    ended the process); dead of a signal after its session ended preempted, preempted
+    (its final checkpoint is committed); dead of the stop signal the runner forwarded for
+    a stop of the run while nothing had trained in it (``untrained``: no session began in
+    a command that runs one), or of a signal after its session ended done, preempted (42:
+    nothing lost); anything else, its own status (a SIGKILL past the grace of a stop is
+    137)."""
     if stuck is not None:
         return Outcome.STUCK.exit_status
     if stop is StopCause.LINGERING and session_status is not None:
         return session_status
+    if session_status == Outcome.PREEMPTED.exit_status and returned > 128:
+        # Its session ended preempted, its final checkpoint committed; the process then
+        # died of a signal on its way out (SLURM ending the step when another task ended,
+        # a runtime's thread torn down at exit): nothing is lost, and the job resumes.
+        return session_status
     requested = stop is StopCause.REQUESTED and killed is None
     if requested and untrained and returned == 128 + stop_signal:
+        return Outcome.PREEMPTED.exit_status
+    if requested and session_status == Outcome.DONE.exit_status and returned > 128:
+        # The run's stop came as it left after its session ended done (a time limit's
+        # warning at the end): nothing is lost, but what came after the session may not
+        # have run; preempted, so a requeue runs it again (a resume that ends at once).
         return Outcome.PREEMPTED.exit_status
     return returned
 
@@ -288,6 +300,9 @@ class AttemptResult:
     # Its commits as the history on disk records them, read once every child had ended
     # (``progress``); None: not read (no logdir known, or nothing turns on it).
     recorded: Recorded | None = None
+    # The cause in words when the runner's own children do not tell it: --slurm's step,
+    # whose cause is the task its tasks' records name (``_run.slurm.group_status``).
+    cause: str | None = None
 
     @property
     def statuses(self) -> list[int]:
@@ -337,6 +352,8 @@ class AttemptResult:
     def why(self) -> str:
         """The cause: the first worker that failed (the others were stopped with it); the
         worst ending too, when another worker's was worse."""
+        if self.cause is not None:
+            return self.cause
         cause, worst = self.first_failure or self.worst, self.worst
         text = cause.describe()
         if cause.stuck is not None:

@@ -26,8 +26,11 @@ from dataclasses import dataclass
 from typing import Any
 
 SCONTROL_SECS = 10.0  # a controller that does not answer within it is an error, said so
+# The workers' ports: PORT_BASE .. PORT_BASE + PORT_SPAN + tasks, below Linux's default
+# ephemeral range (32768-60999), where a busy host's outgoing connections hold ports (a
+# worker's gRPC server then cannot start: seen, three attempts in a row on a loaded host).
 PORT_BASE = 20000
-PORT_SPAN = 20000  # ports PORT_BASE .. PORT_BASE + PORT_SPAN + tasks per node
+PORT_SPAN = 12000
 
 
 class SlurmError(RuntimeError):

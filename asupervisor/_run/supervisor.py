@@ -392,7 +392,9 @@ class ProcessSupervisor:
         await self._record_killed_chief(ends)
         decided = dataclasses.replace(step, status=status)
         first = decided if result.first_failure is not None else None
-        return dataclasses.replace(result, ends=(decided,), first_failure=first)
+        return dataclasses.replace(
+            result, ends=(decided,), first_failure=first, cause=f"{cause} {describe_status(status)}"
+        )
 
     def _step_group(
         self, number: int, ends: list[MemberEnd], tasks: int, status: int, cause: str

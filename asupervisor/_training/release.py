@@ -9,6 +9,7 @@ with to this module and goes on; their destructors run here.
 
 from __future__ import annotations
 
+import atexit
 import queue
 import sys
 import threading
@@ -16,19 +17,24 @@ import time
 from typing import Any
 
 HANDOVER_SECS = 1.0  # how long the releasing frame may keep its own reference
+EXIT_WAIT_SECS = 5.0  # at exit, how long destructors still running are waited for
 
 _queue: queue.SimpleQueue[Any] = queue.SimpleQueue()
 _lock = threading.Lock()
 _thread: threading.Thread | None = None
+_idle = threading.Condition()
+_pending = 0  # objects handed over and not yet destroyed (under _idle)
 
 
 def release(obj: Any) -> None:
     """Destroy ``obj`` on the releaser thread once the caller has dropped it."""
-    global _thread
+    global _thread, _pending
     with _lock:
         if _thread is None or not _thread.is_alive():
             _thread = threading.Thread(target=_run, name="asupervisor-releaser", daemon=True)
             _thread.start()
+    with _idle:
+        _pending += 1
     _queue.put(obj)
 
 
@@ -42,3 +48,21 @@ def _run() -> None:
         while sys.getrefcount(obj) > 2 and time.monotonic() < deadline:
             time.sleep(0.001)
         del obj
+        _done()
+
+
+def _done() -> None:
+    global _pending
+    with _idle:
+        _pending -= 1
+        _idle.notify_all()
+
+
+@atexit.register
+def _wait_at_exit() -> None:
+    """Before the interpreter finalizes, the destructors handed over are waited for (at
+    most ``EXIT_WAIT_SECS``): this daemon thread, back from a TensorFlow destructor into
+    a finalizing interpreter, would be ended by an unwind through C++ frames, which
+    aborts the process (SIGABRT)."""
+    with _idle:
+        _idle.wait_for(lambda: _pending <= 0, EXIT_WAIT_SECS)

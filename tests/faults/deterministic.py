@@ -59,7 +59,55 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--final", default=None)
     parser.add_argument("--local-dir", default=None, help="save into a local tier there")
     parser.add_argument("--per-call", type=int, default=1)
+    parser.add_argument("--faults", default=None, help="a JSON file: faults at given steps")
+    parser.add_argument("--step-timeout", type=float, default=None)
     return parser.parse_args(argv)
+
+
+def fault_plan(path: str | None) -> Any:
+    """``--faults``' plan: what to do at which step, for the tests of a job SLURM runs.
+
+    The file holds ``{"marks": DIR, "plan": [FAULT, ...]}``; a FAULT is ``{"do": "kill" |
+    "hang" | "crash" | "slow", "step": S}`` and, optionally, the ``worker``, ``attempt``
+    (``ASUPERVISOR_ATTEMPT``) and ``restart`` (``SLURM_RESTART_COUNT``) it is for (any,
+    if left out). At the step it applies to (``slow``: every step from it on, a pause of
+    ``secs``), before the batch trains, the worker writes ``DIR/<do>-<restart>-<worker>-
+    <step>`` (the fact a test waits for) and then: SIGKILLs itself, hangs (a training
+    step that never ends), raises, or sleeps; each but ``slow`` once (a restart that
+    trains the step again goes on), unless ``"again": true`` (``crash``: at every start).
+    Returns ``fault(step, worker)``."""
+    if path is None:
+        return lambda step, worker: None
+    import signal
+    import time
+
+    spec = json.loads(Path(path).read_text())
+    here = {
+        "restart": int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0),
+        "attempt": int(os.environ.get("ASUPERVISOR_ATTEMPT", "1") or 1),
+    }
+
+    def fault(step: int, worker: int) -> None:
+        for f in spec["plan"]:
+            mine = all(f.get(k, v) == v for k, v in {**here, "worker": worker}.items())
+            due = step >= f["step"] if f["do"] == "slow" else step == f["step"]
+            if not (mine and due):
+                continue
+            mark = Path(spec["marks"], f"{f['do']}-{here['restart']}-{worker}-{f['step']}")
+            if mark.exists() and f["do"] != "slow" and not f.get("again"):
+                continue  # once: a restart that trains this step again goes on
+            mark.touch()
+            if f["do"] == "kill":
+                os.kill(os.getpid(), signal.SIGKILL)
+            elif f["do"] == "hang":
+                while True:
+                    time.sleep(1)
+            elif f["do"] == "crash":
+                raise RuntimeError(f"a fault at step {step}")
+            elif f["do"] == "slow":
+                time.sleep(float(f.get("secs", 0.1)))
+
+    return fault
 
 
 def trained(record: str) -> list[tuple[int, tuple[int, ...]]]:
@@ -153,7 +201,10 @@ def main(args: argparse.Namespace) -> int:
         os.open(record_to, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644) if record_to else None
     )
 
+    fault = fault_plan(args.faults)
+
     def record(step: Any, batch_ids: Any) -> Any:
+        fault(int(step), worker)
         if record_fd is not None:
             line = " ".join([str(int(step)), *(str(int(i)) for i in batch_ids.numpy())])
             os.write(record_fd, (line + "\n").encode())
@@ -235,6 +286,7 @@ def main(args: argparse.Namespace) -> int:
         local_tier=None
         if args.local_dir is None
         else asv.LocalTier(args.local_dir, save_secs=None, save_steps=args.save_steps),
+        step_timeout_secs=args.step_timeout,
     )
 
     class Markers(keras.callbacks.Callback):

@@ -1,0 +1,364 @@
+"""Faults of a real multi-worker TensorFlow job on the real two-node SLURM cluster
+(tests/slurm_cluster.py): ``examples/slurm/train.sbatch``, the batch script the docs
+show, runs tests/faults/deterministic.py as a MultiWorkerMirroredStrategy job of one
+worker per node (n1, n2; data auto-sharded by ``experimental_distribute_dataset``) under
+``asupervisor run --slurm``. The faults come from the workers' ``--faults`` plan at given
+steps (a SIGKILL, a hung step, a crash, a slow stretch for a signal to land in) or from
+outside (``scancel --signal``, the time limit's warning, a node lost).
+
+Each test decides from facts on disk: the marks the faults leave, the chief's ledger, the
+workers' records of the steps they trained and the checkpoints they restored, the final
+state and SLURM's own view of the job (``scontrol show job``)."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.slurm_cluster import Cluster
+from tests.test_slurm_jobs import job_state, wait_for_end
+
+ROOT = Path(__file__).parents[1]
+BATCH = ROOT / "examples" / "slurm" / "train.sbatch"
+PROGRAM = ROOT / "tests" / "faults" / "deterministic.py"
+SAVE_STEPS = 7  # the save interval of the job, in steps: what a fault may lose at most
+STEPS = 80  # deterministic.py's 4 epochs of 20 batches
+
+
+@dataclass(frozen=True)
+class Job:
+    id: str
+    dir: Path
+
+    @property
+    def run(self) -> Path:
+        return self.dir / "run"
+
+    @property
+    def log(self) -> Path:
+        return self.dir / "job.log"
+
+    @property
+    def marks(self) -> Path:
+        return self.dir / "marks"
+
+    @property
+    def final(self) -> Path:
+        return self.dir / "final.npz"
+
+    def text(self) -> str:
+        return self.log.read_text() if self.log.exists() else "(no log yet)"
+
+
+def queue(slurm: Cluster) -> list[str]:
+    done = subprocess.run(
+        ["squeue", "-h", "-o", "%i"], env=dict(slurm.env), capture_output=True, text=True,
+        timeout=30, check=True,
+    )  # fmt: skip
+    return done.stdout.split()
+
+
+def submit(
+    slurm: Cluster,
+    where: Path,
+    faults: list[dict[str, object]],
+    run_options: tuple[str, ...] = (),
+    sbatch_options: tuple[str, ...] = (),
+    worker_options: tuple[str, ...] = (),
+) -> Job:
+    """``sbatch examples/slurm/train.sbatch`` of the deterministic job, with its faults."""
+    where.mkdir(parents=True, exist_ok=True)
+    job = Job("", where)
+    job.marks.mkdir(exist_ok=True)
+    plan = where / "faults.json"
+    plan.write_text(json.dumps({"marks": str(job.marks), "plan": faults}))
+    env = {
+        **slurm.env,
+        "PYTHONPATH": str(ROOT),
+        "TF_CPP_MIN_LOG_LEVEL": "3",
+        # The batch script runs `asupervisor` and `python` of this interpreter's install.
+        "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
+    }
+    for name in ("ASUPERVISOR_RUN", "ASUPERVISOR_ATTEMPT", "ASUPERVISOR_CHANNEL", "TF_CONFIG"):
+        env.pop(name, None)
+    argv = [
+        "sbatch", "--parsable", "-o", str(job.log), *sbatch_options, str(BATCH),
+        "--logdir", str(job.run), "--backoff", "0", "--grace", "20", *run_options,
+        "--", sys.executable, str(PROGRAM), str(job.run), "--record", str(where / "record"),
+        "--final", str(job.final), "--faults", str(plan), *worker_options,
+    ]  # fmt: skip
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
+    assert done.returncode == 0, done.stderr
+    return Job(done.stdout.strip().split(";")[0], where)
+
+
+def wait_for_mark(slurm: Cluster, job: Job, name: str) -> None:
+    """Until the fault ``name`` fired (its mark is on disk); bounded by the job's end."""
+    for _ in range(3000):
+        if (job.marks / name).exists():
+            return
+        state = job_state(slurm, job.id)
+        assert state.get("JobState") not in ("COMPLETED", "FAILED", "CANCELLED"), job.text()
+        time.sleep(0.1)
+    raise AssertionError(f"no {name} in {sorted(os.listdir(job.marks))}\n{job.text()}")
+
+
+def scancel(slurm: Cluster, *args: str) -> None:
+    done = subprocess.run(
+        ["scancel", *args], env=dict(slurm.env), capture_output=True, text=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def restores(job: Job) -> list[list[int]]:
+    """Each worker's restored steps, in order (what its record says at each start)."""
+    return [
+        [int(line.split()[1]) for line in path.read_text().splitlines() if line.startswith("r")]
+        for path in sorted(job.dir.glob("record.*"))
+    ]
+
+
+def sessions(job: Job) -> list[object]:
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.store import Store
+
+    return list(_ledger.sessions(_ledger.read(Store(str(job.run)))))
+
+
+def inspect(job: Job) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "inspect", str(job.run)],
+        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
+        timeout=120, check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+@pytest.fixture
+def left_alone(slurm: Cluster, tmp_path: Path) -> Job:
+    """The job left alone, submitted as the test that compares with it begins (it waits
+    for it at its end: meanwhile it runs beside it)."""
+    return submit(slurm, tmp_path / "left-alone", [])
+
+
+def scontrol(slurm: Cluster, *args: str) -> None:
+    done = subprocess.run(
+        ["scontrol", *args], env=dict(slurm.env), capture_output=True, text=True, timeout=30,
+        check=False,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+
+
+def wait_for_restarts(slurm: Cluster, job: Job, restarts: int) -> None:
+    """Until SLURM has requeued the job ``restarts`` times (bounded by its end)."""
+    for _ in range(3000):
+        state = job_state(slurm, job.id)
+        if int(state.get("Restarts", "0")) >= restarts:
+            return
+        assert state.get("JobState") not in ("FAILED", "CANCELLED", "TIMEOUT"), job.text()
+        time.sleep(0.1)
+    raise AssertionError(f"job {job.id} was not requeued {restarts} times\n{job.text()}")
+
+
+WARN_SECS = 240  # the time limit's warning: this long before it
+
+
+def run_secs(shown: str) -> int:
+    """SLURM's ``RunTime`` (``[D-]HH:MM:SS``) in seconds."""
+    days, _, clock = shown.rpartition("-")
+    hours, minutes, seconds = (int(part) for part in clock.split(":"))
+    return int(days or 0) * 86400 + hours * 3600 + minutes * 60 + seconds
+
+
+def step_ends(job: Job) -> list[str]:
+    """The outer runs' word on each step: ``<status> <cause>``, in order, over requeues."""
+    return [
+        line.split("status='", 1)[1].split("'", 1)[0].split()[0]
+        for line in job.text().splitlines()
+        if line.startswith("asupervisor run: step.ended ")
+    ]
+
+
+@pytest.mark.slow
+def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and_ends_bitwise_equal_to_the_job_left_alone(  # noqa: E501
+    slurm: Cluster, tmp_path: Path, left_alone: Job
+) -> None:
+    """Cases 1, 2, 3, 4 and 7 of the SLURM faults in one job (one start of TensorFlow per
+    fault is what they cost). Its trainer on n2 SIGKILLs itself after a checkpoint: the
+    worker on n1 does not hang, the step ends 137 and starts again in the allocation.
+    Then a step on n1 hangs: its stack is in the log, 124, the step starts again. Then
+    ``scancel --batch --signal=USR1`` (the notice): one final save every worker agrees
+    on, 42, and SLURM requeues the job (RequeueExit=42). In the requeued run, the time
+    limit is brought near: SLURM itself sends the ``--signal=B:USR1@secs`` warning, with
+    the same ending and a second requeue. The third run finishes. Each
+    start restored one checkpoint both workers agreed on, losing at most the save
+    interval (nothing at a notice); the job, interrupted four times, ends bitwise equal
+    to the job left alone."""
+    import numpy as np
+
+    from tests.faults.deterministic import compare
+
+    job = submit(
+        slurm, tmp_path,
+        [
+            {"restart": 0, "worker": 1, "step": 10, "do": "kill"},
+            {"restart": 0, "worker": 0, "step": 24, "do": "hang"},
+            # Slow from there on, until the notice ends it (one comes within a step).
+            {"restart": 0, "worker": 0, "step": 30, "do": "slow", "secs": 1},
+            {"restart": 1, "worker": 0, "step": 45, "do": "slow", "secs": 2},
+        ],
+        # Appended: a requeued job's run writes on after the runs before it.
+        # The warning WARN_SECS before the time limit; the limit far until the test
+        # brings it near.
+        sbatch_options=("--open-mode=append", "--time=30", f"--signal=B:USR1@{WARN_SECS}"),
+        # A step of this job takes milliseconds, but a loaded machine has held one for 10 s.
+        worker_options=("--step-timeout", "20"),
+    )  # fmt: skip
+    wait_for_mark(slurm, job, "slow-0-0-30")
+    scancel(slurm, "--batch", "--signal=USR1", job.id)  # the notice, to the batch script
+    wait_for_restarts(slurm, job, 1)
+    wait_for_mark(slurm, job, "slow-1-0-45")
+    # The time limit near: between 3 and 4 minutes left (SLURM's limits are in minutes),
+    # so the warning is due now, SLURM sends it at its next pass over the jobs' limits
+    # (every 30 s or sooner), and the final save has minutes before the limit.
+    ran = run_secs(job_state(slurm, job.id)["RunTime"])
+    scontrol(slurm, "update", f"JobId={job.id}", f"TimeLimit={(ran + WARN_SECS) // 60}")
+    wait_for_restarts(slurm, job, 2)
+    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=30")  # no warning again
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "2", "0:0"
+    ), text[-4000:]  # fmt: skip
+
+    # Every layer's status: the steps' (the outer runs'), the chief's sessions'.
+    assert step_ends(job) == ["137", "124", "42", "42", "0"], text[-4000:]
+    assert "cause='worker 1 on n2" in text  # the kill on n2 was the cause, not its peer
+    ended = sessions(job)
+    assert [s.outcome for s in ended] == ["failed", "stuck", "preempted", "preempted", "done"]
+    # The hung step's stack, in the log: the worker's own watchdog wrote every thread's
+    # (its peer's, waiting in the step's all-reduce, timed out too).
+    timeouts = [line for line in text.splitlines() if "step.timeout" in line]
+    assert any("in fault" in t and "time.sleep(1)" in t for t in timeouts), timeouts
+
+    # One agreed checkpoint at each start, on both workers; nothing lost beyond the save
+    # interval at a failure, nothing at a notice (its final save).
+    first, second = restores(job)
+    assert first == second == [s.restored_step for s in ended], (first, second, ended)
+    for before, after in itertools.pairwise(ended):
+        assert after.restored_step is not None and before.step is not None
+        lost = before.step - after.restored_step
+        assert 0 <= lost <= (0 if before.outcome == "preempted" else SAVE_STEPS), ended
+    assert ended[-1].step == STEPS
+
+    shown = inspect(job)
+    assert "5 sessions" in shown, shown
+    for outcome in ("failed", "stuck", "preempted", "done"):
+        assert f" {outcome} " in shown, shown
+
+    left = wait_for_end(slurm, left_alone.id, left_alone.log)
+    assert (left["JobState"], left["Restarts"]) == ("COMPLETED", "0"), left_alone.text()
+    with np.load(job.final) as a, np.load(left_alone.final) as b:
+        found = compare(dict(a), dict(b))
+    assert found["weights_bitwise"] and not found["unequal"], found
+
+
+@pytest.mark.slow
+def test_a_crash_at_the_same_step_on_every_start_ends_in_the_crash_loop_report_and_no_requeue(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """Case 6 of the SLURM faults: the worker on n2 raises at step 10 at every start. The
+    first attempt committed checkpoints (a failure after progress costs nothing); the
+    second restored the same one and failed at the same step without a commit: with
+    ``--max-failures 1`` that is the crash loop. The run prints its report and exits 1,
+    which SLURM does not requeue (RequeueExit=42 only): the job ends FAILED, never
+    requeued."""
+    job = submit(
+        slurm, tmp_path,
+        [{"worker": 1, "step": 10, "do": "crash", "again": True}],
+        run_options=("--max-failures", "1"),
+    )  # fmt: skip
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "FAILED", "0", "1:0"
+    ), text[-4000:]  # fmt: skip
+    assert step_ends(job) == ["1", "1"], text[-4000:]
+    assert "cause='worker 1 on n2" in text
+    ended = sessions(job)
+    # The chief's sessions: both ended failed at the crash's step, the second restored
+    # the checkpoint the first committed before it (the same one at every start).
+    assert [(s.outcome, s.restored_step, s.step) for s in ended] == [
+        ("failed", 0, 10), ("failed", 7, 10),
+    ], ended  # fmt: skip
+    first, second = restores(job)
+    assert first == second == [0, 7]
+    report = text[text.index("asupervisor run: crash loop: ") :]
+    assert "1 failures in a row without a checkpoint" in report, report
+    assert "the newest it committed: step 7" in report, report
+    assert "the last failure: worker 1 on n2: exited 1 (failed)" in report, report
+    shown = inspect(job)
+    assert "2 sessions" in shown and "1 restarts" in shown, shown
+
+
+@pytest.mark.slow
+def test_a_node_lost_ends_the_job_which_slurm_requeues_and_which_resumes_once_the_node_is_back(
+    slurm_alone: Cluster, tmp_path: Path
+) -> None:
+    """Case 5 of the SLURM faults: node n2 is lost while the job trains (its slurmd and
+    every process on it SIGKILLed) and marked down, as SLURM's controller does when it has
+    not answered for SlurmdTimeout. SLURM ends the job for the node's failure and requeues
+    it (``--requeue``); the job waits for two
+    nodes, runs again once n2 is back, resumes from the checkpoint both workers agree on,
+    losing at most the save interval, and finishes. The test has the cluster alone (the
+    node's loss would end any other job on it) and brings the node back whatever
+    happens."""
+    slurm = slurm_alone
+    for _ in range(3000):  # a job of someone else's on the cluster would be lost too
+        if not queue(slurm):
+            break
+        time.sleep(0.2)
+    job = submit(
+        slurm, tmp_path,
+        [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 0.5}],
+        sbatch_options=("--open-mode=append",),
+    )  # fmt: skip
+    wait_for_mark(slurm, job, "slow-0-0-10")
+    try:
+        slurm.lose_node("n2")
+        # What the controller does once the node has not answered for SlurmdTimeout (a
+        # health check or a person may say it sooner): the node is down.
+        scontrol(slurm, "update", "NodeName=n2", "State=DOWN", "Reason=lost")
+        wait_for_restarts(slurm, job, 1)  # SLURM's own requeue, for the node's failure
+    finally:
+        slurm.restore_node("n2")
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "1", "0:0"
+    ), text[-4000:]  # fmt: skip
+    # The requeue was SLURM's, for the node: the first run did not end 42 (its step failed,
+    # its worker on n1 having lost its peer, or SLURM ended it first). Then it ran again.
+    *first_run, last = step_ends(job)
+    assert last == "0" and "42" not in first_run, text[-4000:]
+    ended = sessions(job)
+    assert [s.outcome for s in ended] == ["failed", "done"], ended
+    first, second = restores(job)
+    assert first == second == [s.restored_step for s in ended], (first, second, ended)
+    lost, resumed = ended
+    assert lost.step is not None and resumed.restored_step is not None
+    assert lost.step >= 10 and 0 < lost.step - resumed.restored_step <= SAVE_STEPS, ended
+    assert resumed.step == STEPS
+    shown = inspect(job)
+    assert "2 sessions, 1 restarts" in shown, shown
+    assert slurm.running()  # the node is back, for the tests after this one
