@@ -35,6 +35,11 @@ class Ran:
     scalars: dict[str, Any]
     bare: bool
 
+    def columns(self) -> dict[str, list[float]]:
+        """Each name's numbers in step order, as Python floats (what ``float`` of each
+        step's result would give)."""
+        return {name: values[: self.count].tolist() for name, values in self.scalars.items()}
+
     def result(self, j: int) -> Any:
         """Step j's result as ``sess.last_result`` holds it: its numbers."""
         if self.bare:

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .summaries import scalars
@@ -46,6 +46,16 @@ class ResultMeans:
             self._kept.append(parts)
         if len(self._kept) >= FOLD_EVERY:
             self._fold()
+
+    def add_many(self, columns: Mapping[str, Sequence[float]]) -> None:
+        """Many steps' numbers at once (a call of ``steps_per_loop`` steps), each name's in
+        step order: summed as one step at a time would have been."""
+        self._fold()  # the steps before these come first in the sums
+        sums, counts = self._sums, self._counts
+        for key, values in columns.items():
+            if values:
+                sums[key] = sum(values, sums.get(key, 0.0))
+                counts[key] = counts.get(key, 0) + len(values)
 
     def take(self) -> dict[str, float]:
         """Each name's mean since the last take (``{}`` if no step returned numbers)."""
