@@ -20,10 +20,24 @@ def scalar_parts(result: Any) -> dict[str, Any]:
     items = result.items() if isinstance(result, Mapping) else [("loss", result)]
     found: dict[str, Any] = {}
     for key, value in items:
-        shape = getattr(value, "shape", None)
-        if isinstance(value, numbers.Number) or (shape is not None and tuple(shape) == ()):
+        if _single(value):
             found[str(key)] = value
     return found
+
+
+def _single(value: Any) -> bool:
+    """A single number: a Python or NumPy number, or a tensor or array of rank 0 (its
+    rank read first: cheaper than building its shape, and known without waiting)."""
+    rank = getattr(value, "ndim", None)
+    if rank is not None:  # a tensor (eager or symbolic, known rank) or an array
+        return bool(rank == 0)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        try:
+            return len(shape) == 0
+        except (TypeError, ValueError):  # a shape of unknown rank
+            return False
+    return isinstance(value, numbers.Number)
 
 
 class ResultMeans:

@@ -171,13 +171,16 @@ class SummaryStep:
             tf.register_tensor_conversion_function(SummaryStep, _summary_step_tensor)
             _conversion_registered = True
 
-    @contextlib.contextmanager
-    def stepping(self) -> Iterator[None]:
+    def stepping(self) -> SummaryStep:
+        """``with summary_step.stepping():`` around a step (the label is the step it
+        leaves behind). The step itself is the context manager: no generator per step."""
+        return self
+
+    def __enter__(self) -> None:
         self.in_step = True
-        try:
-            yield
-        finally:
-            self.in_step = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.in_step = False
 
     @contextlib.contextmanager
     def fitting(self, iterations: Any, step: int) -> Iterator[None]:
