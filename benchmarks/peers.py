@@ -56,6 +56,10 @@ SYSTEMS = {
     "asv_run": ("asupervisor `sess.run`", "bare"),
     "bare_k": (f"bare TF2 loop, {K} steps per `tf.function` call", "bare_k"),
     "asv_train_k": (f"asupervisor `sess.train`, `steps_per_loop={K}`", "bare_k"),
+    "asv_train_k_async": (
+        f"asupervisor `sess.train`, `steps_per_loop={K}`, `async_checkpoint=True`",
+        "bare_k",
+    ),
     "keras_fit": ("bare Keras `fit`", "keras_fit"),
     "asv_fit": ("asupervisor `sess.fit`", "keras_fit"),
     "keras_fit_k": (f"Keras `fit`, `steps_per_execution={K}`", "bare_k"),
@@ -168,6 +172,7 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
         global_step=gs,
         save_model_secs=SAVE_SECS,
         save_summaries_secs=SUMMARY_SECS,
+        async_checkpoint=how.endswith("_async"),  # the files written beside the steps
         handle_signals=False,
     )
     result: list[float] = []
@@ -186,7 +191,7 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
                 for _ in range(steps):
                     await sess.run(step, *next(it))
             else:
-                per_loop = K if how == "train_k" else 1
+                per_loop = K if how.startswith("train_k") else 1
                 await sess.train(step, dataset.take(WARMUP), steps_per_loop=per_loop)
                 started = time.perf_counter()
                 await sess.train(step, dataset.take(steps), steps_per_loop=per_loop)
@@ -270,6 +275,7 @@ def child(system: str, model: str) -> None:
             "asv_run": lambda n: supervised(tf, model, n, logdir, "run"),
             "bare_k": lambda n: bare_k(tf, model, n),
             "asv_train_k": lambda n: supervised(tf, model, n, logdir, "train_k"),
+            "asv_train_k_async": lambda n: supervised(tf, model, n, logdir, "train_k_async"),
             "keras_fit_k": lambda n: keras_fit(tf, model, n, logdir, "", K),
             "asv_fit": lambda n: supervised(tf, model, n, logdir, "fit"),
             "keras_fit": lambda n: keras_fit(tf, model, n, logdir, ""),

@@ -60,14 +60,22 @@ class StepLoop:
         )
         self.step = step
         self._loops: dict[str, tuple[Callable[..., Any], bool]] = {}
+        # The last element spec seen and its loop: an iterator hands back the same spec
+        # object at every call, and its repr (the key above) costs a visible part of a call.
+        self._last: tuple[Any, tuple[Callable[..., Any], bool]] | None = None
 
     def run(self, iterator: Any, n: int) -> Ran:
         import tensorflow as tf
 
-        key = repr(iterator.element_spec)
-        if key not in self._loops:
-            self._loops[key] = self._build(iterator.element_spec)
-        loop, bare = self._loops[key]
+        spec, last = iterator.element_spec, self._last
+        if last is not None and last[0] is spec:
+            loop, bare = last[1]
+        else:
+            key = repr(spec)
+            if key not in self._loops:
+                self._loops[key] = self._build(spec)
+            loop, bare = self._loops[key]
+            self._last = (spec, (loop, bare))
         count, steps, scalars = loop(iterator, tf.constant(n, tf.int32))
         return Ran(int(count), steps.numpy(), {k: v.numpy() for k, v in scalars.items()}, bare)
 
