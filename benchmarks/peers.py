@@ -2,6 +2,7 @@
 
     python benchmarks/peers.py                  # tiny and medium models, 3 rounds
     python benchmarks/peers.py --rounds 5 --models tiny
+    python benchmarks/peers.py --models tiny medium --systems bare bare_k asv_train_k
 
 Every system trains the same model on the same in-memory batches, each in its own
 process (a fresh TensorFlow, no shared caches), in interleaved rounds (the order
@@ -55,6 +56,10 @@ SYSTEMS = {
     "asv_run": ("asupervisor `sess.run`", "bare"),
     "bare_k": (f"bare TF2 loop, {K} steps per `tf.function` call", "bare_k"),
     "asv_train_k": (f"asupervisor `sess.train`, `steps_per_loop={K}`", "bare_k"),
+    "asv_train_k_async": (
+        f"asupervisor `sess.train`, `steps_per_loop={K}`, `async_checkpoint=True`",
+        "bare_k",
+    ),
     "keras_fit": ("bare Keras `fit`", "keras_fit"),
     "asv_fit": ("asupervisor `sess.fit`", "keras_fit"),
     "keras_fit_k": (f"Keras `fit`, `steps_per_execution={K}`", "bare_k"),
@@ -167,6 +172,7 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
         global_step=gs,
         save_model_secs=SAVE_SECS,
         save_summaries_secs=SUMMARY_SECS,
+        async_checkpoint=how.endswith("_async"),  # the files written beside the steps
         handle_signals=False,
     )
     result: list[float] = []
@@ -185,7 +191,7 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
                 for _ in range(steps):
                     await sess.run(step, *next(it))
             else:
-                per_loop = K if how == "train_k" else 1
+                per_loop = K if how.startswith("train_k") else 1
                 await sess.train(step, dataset.take(WARMUP), steps_per_loop=per_loop)
                 started = time.perf_counter()
                 await sess.train(step, dataset.take(steps), steps_per_loop=per_loop)
@@ -269,6 +275,7 @@ def child(system: str, model: str) -> None:
             "asv_run": lambda n: supervised(tf, model, n, logdir, "run"),
             "bare_k": lambda n: bare_k(tf, model, n),
             "asv_train_k": lambda n: supervised(tf, model, n, logdir, "train_k"),
+            "asv_train_k_async": lambda n: supervised(tf, model, n, logdir, "train_k_async"),
             "keras_fit_k": lambda n: keras_fit(tf, model, n, logdir, "", K),
             "asv_fit": lambda n: supervised(tf, model, n, logdir, "fit"),
             "keras_fit": lambda n: keras_fit(tf, model, n, logdir, ""),
@@ -338,16 +345,23 @@ def measure(system: str, model: str) -> tuple[float, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--models", default="tiny,medium", help="comma-separated: tiny,medium")
-    parser.add_argument("--systems", default=",".join(SYSTEMS), help="comma-separated")
+    parser.add_argument(
+        "--models", nargs="+", default=["tiny,medium"], help="tiny medium (or comma-separated)"
+    )
+    parser.add_argument("--systems", nargs="+", default=[",".join(SYSTEMS)], help="as --models")
     parser.add_argument("--child", nargs=2, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         child(*args.child)
         return
-    systems = args.systems.split(",")
+    systems = [s for arg in args.systems for s in arg.split(",") if s]
+    models = [m for arg in args.models for m in arg.split(",") if m]
+    unknown = sorted(set(systems) - set(SYSTEMS)) + sorted(set(models) - set(MODELS))
+    if unknown:
+        parser.error(f"unknown system or model: {', '.join(unknown)}")
+    load_before = os.getloadavg()[0]  # the machine's load: the figures' conditions
     table: list[dict[str, object]] = []
-    for model in args.models.split(","):
+    for model in models:
         inputs, hidden, outputs, batch, steps = MODELS[model]
         shape = "-".join(map(str, [inputs, *hidden, outputs]))
         rates: dict[str, list[float]] = {s: [] for s in systems}
@@ -390,7 +404,10 @@ def main() -> None:
                 }
             )
         sys.stdout.flush()
-    write("peers", table, rounds=args.rounds)
+    load_after = os.getloadavg()[0]
+    load = f"1-minute load average {load_before:.1f} at the start, {load_after:.1f} at the end"
+    print(f"\n{load} ({os.cpu_count()} cores)")
+    write("peers", table, rounds=args.rounds, load=load)
 
 
 if __name__ == "__main__":

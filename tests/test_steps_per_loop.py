@@ -177,3 +177,32 @@ async def test_a_second_train_call_with_the_same_step_does_not_trace_its_loop_ag
         after_first = len(traced)
         await sess.train(step, line_data(20), steps_per_loop=5)
     assert sess.global_step == 40 and len(traced) == after_first
+
+
+def test_the_steps_of_a_call_counted_at_once_make_the_same_means_as_one_at_a_time() -> None:
+    from asupervisor._training.means import FOLD_EVERY, ResultMeans
+
+    values = np.random.default_rng(0).normal(size=FOLD_EVERY + 44).astype("float32")
+    one, many = ResultMeans(), ResultMeans()
+    for v in values[:7]:  # steps before the call, still kept unconverted
+        one.add({"loss": tf.constant(v), "acc": tf.constant(2 * v)})
+        many.add({"loss": tf.constant(v), "acc": tf.constant(2 * v)})
+    for v in values[7:]:
+        one.add({"loss": v, "acc": 2 * v})
+    many.add_many({"loss": values[7:].tolist(), "acc": (2 * values[7:]).tolist()})
+    assert one.take() == many.take()  # the same floats, summed in the same order
+
+
+def test_finite_losses_of_a_call_join_the_window_at_once_and_a_nan_does_not() -> None:
+    from asupervisor._training.divergence import LossWatch
+
+    watch, alone = LossWatch(asv.Rollback(window=4)), LossWatch(asv.Rollback(window=4))
+    assert watch.accepts_all([1.0, 2.0, 3.0, 4.0, 5.0])
+    for loss in [1.0, 2.0, 3.0, 4.0, 5.0]:
+        assert alone.diverges(loss) is None
+    assert watch.state() == alone.state() == {"recent": [2.0, 3.0, 4.0, 5.0]}
+    # A NaN (or any spike rule) needs the losses one at a time: the window is left as it was.
+    assert not watch.accepts_all([6.0, math.nan])
+    spiky = LossWatch(asv.Rollback(window=4, spike_factor=3.0))
+    assert not spiky.accepts_all([1.0])
+    assert watch.state()["recent"] == [2.0, 3.0, 4.0, 5.0] and spiky.state()["recent"] == []

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import os
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from .._errors import CheckpointMismatchError, DivergedError
@@ -260,6 +260,13 @@ class SessionCheckpoints:
             return False
         self._roll_back(reason, loss)
         return True
+
+    def steady(self, losses: Sequence[float] | None) -> bool:
+        """Training thread, after a call of many steps: ``True`` when no step of it can
+        have diverged (no watch, no loss, or every loss finite and no spike rule: they
+        joined the window), so the steps need no look one by one (``check_divergence``)."""
+        watch = self.losses
+        return watch is None or losses is None or watch.accepts_all(losses)
 
     def _roll_back(self, reason: str, loss: float | None) -> None:
         policy, checkpointer = self.sv.on_divergence, self.checkpointer

@@ -296,13 +296,13 @@ class SessionRuntime:
 
     def after_step(self) -> None:
         """Training thread, after each step: finished background saves, agreed decisions."""
-        from .._cluster import DecisionKind
-
         checkpointer = self.checkpointer
         if checkpointer is not None and checkpointer.writer.completed:
             self.checkpoints.saves_done(hooks=True)
         agreement = self.agreement
         if agreement is not None and agreement.pending:
+            from .._cluster import DecisionKind  # here: an import statement costs every step
+
             for decision in agreement.due(self.step.value):
                 log.info(
                     "cluster.agreed",

@@ -24,7 +24,7 @@ import collections
 import math
 import numbers
 import statistics
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .means import scalar_parts
@@ -103,6 +103,16 @@ class LossWatch:
                 return "spike"
         recent.append(loss)
         return None
+
+    def accepts_all(self, losses: Sequence[float]) -> bool:
+        """Many steps' losses at once (a call of ``steps_per_loop`` steps): ``True`` when
+        none can diverge (each is finite, and no spike rule compares them with the
+        window), and they joined the window; ``False``, the window untouched, when each
+        must be looked at in turn (``diverges``) to find the first that diverges."""
+        if self.policy.spike_factor is not None or not all(map(math.isfinite, losses)):
+            return False
+        self._recent.extend(losses)
+        return True
 
     def state(self) -> dict[str, Any]:
         return {"recent": list(self._recent)}

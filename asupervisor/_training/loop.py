@@ -35,6 +35,11 @@ class Ran:
     scalars: dict[str, Any]
     bare: bool
 
+    def columns(self) -> dict[str, list[float]]:
+        """Each name's numbers in step order, as Python floats (what ``float`` of each
+        step's result would give)."""
+        return {name: values[: self.count].tolist() for name, values in self.scalars.items()}
+
     def result(self, j: int) -> Any:
         """Step j's result as ``sess.last_result`` holds it: its numbers."""
         if self.bare:
@@ -55,14 +60,22 @@ class StepLoop:
         )
         self.step = step
         self._loops: dict[str, tuple[Callable[..., Any], bool]] = {}
+        # The last element spec seen and its loop: an iterator hands back the same spec
+        # object at every call, and its repr (the key above) costs a visible part of a call.
+        self._last: tuple[Any, tuple[Callable[..., Any], bool]] | None = None
 
     def run(self, iterator: Any, n: int) -> Ran:
         import tensorflow as tf
 
-        key = repr(iterator.element_spec)
-        if key not in self._loops:
-            self._loops[key] = self._build(iterator.element_spec)
-        loop, bare = self._loops[key]
+        spec, last = iterator.element_spec, self._last
+        if last is not None and last[0] is spec:
+            loop, bare = last[1]
+        else:
+            key = repr(spec)
+            if key not in self._loops:
+                self._loops[key] = self._build(spec)
+            loop, bare = self._loops[key]
+            self._last = (spec, (loop, bare))
         count, steps, scalars = loop(iterator, tf.constant(n, tf.int32))
         return Ran(int(count), steps.numpy(), {k: v.numpy() for k, v in scalars.items()}, bare)
 

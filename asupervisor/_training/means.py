@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 from .summaries import scalars
@@ -20,10 +20,24 @@ def scalar_parts(result: Any) -> dict[str, Any]:
     items = result.items() if isinstance(result, Mapping) else [("loss", result)]
     found: dict[str, Any] = {}
     for key, value in items:
-        shape = getattr(value, "shape", None)
-        if isinstance(value, numbers.Number) or (shape is not None and tuple(shape) == ()):
+        if _single(value):
             found[str(key)] = value
     return found
+
+
+def _single(value: Any) -> bool:
+    """A single number: a Python or NumPy number, or a tensor or array of rank 0 (its
+    rank read first: cheaper than building its shape, and known without waiting)."""
+    rank = getattr(value, "ndim", None)
+    if rank is not None:  # a tensor (eager or symbolic, known rank) or an array
+        return bool(rank == 0)
+    shape = getattr(value, "shape", None)
+    if shape is not None:
+        try:
+            return len(shape) == 0
+        except (TypeError, ValueError):  # a shape of unknown rank
+            return False
+    return isinstance(value, numbers.Number)
 
 
 class ResultMeans:
@@ -46,6 +60,16 @@ class ResultMeans:
             self._kept.append(parts)
         if len(self._kept) >= FOLD_EVERY:
             self._fold()
+
+    def add_many(self, columns: Mapping[str, Sequence[float]]) -> None:
+        """Many steps' numbers at once (a call of ``steps_per_loop`` steps), each name's in
+        step order: summed as one step at a time would have been."""
+        self._fold()  # the steps before these come first in the sums
+        sums, counts = self._sums, self._counts
+        for key, values in columns.items():
+            if values:
+                sums[key] = sum(values, sums.get(key, 0.0))
+                counts[key] = counts.get(key, 0) + len(values)
 
     def take(self) -> dict[str, float]:
         """Each name's mean since the last take (``{}`` if no step returned numbers)."""

@@ -22,7 +22,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from .._log import log
@@ -73,6 +73,11 @@ class SessionSummaries:
         """A step's result, for the means (not ``fit``'s logs: already running means)."""
         if self.averaging:
             self.means.add(result)
+
+    def add_many(self, columns: Mapping[str, Sequence[float]]) -> None:
+        """Many steps' numbers by name, in step order (a call of ``steps_per_loop`` steps)."""
+        if self.averaging:
+            self.means.add_many(columns)
 
     def discard(self) -> None:
         """An earlier checkpoint was restored: the failed steps' results do not count."""

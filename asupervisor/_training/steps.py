@@ -30,6 +30,7 @@ StepsRunner = Callable[[Iterator[Any], "int | None"], tuple[int, bool]]
 
 FUSED_CACHE_SIZE = 32  # step functions kept fused; per-step partials must not pile up
 STILL_CHECK_EVERY = 10  # steps between two looks at whether the global step moves
+ROLLED_BACK = object()  # a call of many steps whose divergence rolled the run back
 
 
 class GlobalStep:
@@ -170,13 +171,16 @@ class SummaryStep:
             tf.register_tensor_conversion_function(SummaryStep, _summary_step_tensor)
             _conversion_registered = True
 
-    @contextlib.contextmanager
-    def stepping(self) -> Iterator[None]:
+    def stepping(self) -> SummaryStep:
+        """``with summary_step.stepping():`` around a step (the label is the step it
+        leaves behind). The step itself is the context manager: no generator per step."""
+        return self
+
+    def __enter__(self) -> None:
         self.in_step = True
-        try:
-            yield
-        finally:
-            self.in_step = False
+
+    def __exit__(self, *exc: object) -> None:
+        self.in_step = False
 
     @contextlib.contextmanager
     def fitting(self, iterations: Any, step: int) -> Iterator[None]:
@@ -610,13 +614,44 @@ class Stepper:
     def after_loop(self, ctx: RunContext | None, ran: Ran) -> None:
         """After a call of ``ran.count`` steps: each step counted at its own number (its
         loss looked at, its numbers into the means and the step summaries), then the
-        hooks and what is due, once, at the boundary."""
+        hooks and what is due, once, at the boundary. When nothing can happen between
+        two of its steps (no loss diverged, no summary every N steps, not the session's
+        first step), the call's steps are counted at once: the same counts, sums and
+        window, with no Python per step."""
         runtime = self.runtime
         runtime.thread.check_fence()
         runtime.thread.step_ended()
         self.recoveries = 0
-        if not ran.count:
+        count = ran.count
+        if not count:
             return
+        columns = ran.columns()
+        if (
+            self.first_done is not None
+            and not self.summary_steps
+            and runtime.checkpoints.steady(columns.get("loss"))
+        ):
+            self.step.seen(int(ran.steps[count - 1]))
+            self.steps_run += count
+            runtime.position.advance(count)
+            result = self.last_result = ran.result(count - 1)
+            self.summaries.add_many(columns)
+        else:
+            result = self._each_step(ran)
+            if result is ROLLED_BACK:
+                return
+        for hook in self.hooks:
+            hook.after_run(ctx, result)  # type: ignore[arg-type]
+        if self.save_steps and self._due_save():
+            runtime.checkpoints.save()
+        elif self.save_secs and self._due_timed_save():
+            runtime.checkpoints.timed_save()
+        runtime.after_step()
+
+    def _each_step(self, ran: Ran) -> Any:
+        """The call's steps one at a time, each at its own number; the last one's result,
+        or ``ROLLED_BACK`` when a step diverged and the run was rolled back."""
+        runtime = self.runtime
         result = None
         for j in range(ran.count):
             self.step.seen(int(ran.steps[j]))
@@ -626,17 +661,11 @@ class Stepper:
             if runtime.checkpoints.check_divergence(result):  # rolled back: this call undone
                 if runtime.position.counts():
                     raise Rewind()
-                return
+                return ROLLED_BACK
             self.summaries.add(result)
             if self.first_done is None:
                 runtime.checkpoints.check_deferred()
                 self.first_done = (self.step.value, time.monotonic())
             if self.summary_steps and self._due_summary():
                 self.summaries.step_summaries(result)
-        for hook in self.hooks:
-            hook.after_run(ctx, result)  # type: ignore[arg-type]
-        if self.save_steps and self._due_save():
-            runtime.checkpoints.save()
-        elif self.save_secs and self._due_timed_save():
-            runtime.checkpoints.timed_save()
-        runtime.after_step()
+        return result
