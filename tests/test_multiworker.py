@@ -16,6 +16,7 @@ import pytest
 import tensorflow as tf
 from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
+import asupervisor as asv
 from examples.multiworker import local_tf_configs
 from tests import forked
 
@@ -208,7 +209,7 @@ def test_sigkill_of_a_worker_ends_the_other_cleanly_and_the_job_resumes(
         code = survivor.wait(timeout=60)
     finally:
         finish(job, timeout=1)
-    assert code == 1, survivor.output[-3000:]
+    assert code == asv.Outcome.LOST_PEER.exit_status, survivor.output[-3000:]
     survivor.wait_for(r"cluster.step_failed|cluster.lost", timeout=1)
     survivor.wait_for(r"a worker of this job was lost", timeout=1)
     assert "stopped at step" not in survivor.output  # no final save without every worker

@@ -245,7 +245,8 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
     assert step_ends(job) == ["137", "124", "42", "42", "0"], text[-4000:]
     assert "cause='worker 1 on n2" in text  # the kill on n2 was the cause, not its peer
     ended = sessions(job)
-    assert [s.outcome for s in ended] == ["failed", "stuck", "preempted", "preempted", "done"]
+    # The chief on n1 lost its peer when n2's trainer was killed: not the cause.
+    assert [s.outcome for s in ended] == ["lost_peer", "stuck", "preempted", "preempted", "done"]
     # The hung step's stack, in the log: the worker's own watchdog wrote every thread's
     # (its peer's, waiting in the step's all-reduce, timed out too).
     timeouts = [line for line in text.splitlines() if "step.timeout" in line]
@@ -296,10 +297,10 @@ def test_a_crash_at_the_same_step_on_every_start_ends_in_the_crash_loop_report_a
     assert step_ends(job) == ["1", "1"], text[-4000:]
     assert "cause='worker 1 on n2" in text
     ended = sessions(job)
-    # The chief's sessions: both ended failed at the crash's step, the second restored
+    # The chief's sessions: both lost their peer at the crash's step, the second restored
     # the checkpoint the first committed before it (the same one at every start).
     assert [(s.outcome, s.restored_step, s.step) for s in ended] == [
-        ("failed", 0, 10), ("failed", 7, 10),
+        ("lost_peer", 0, 10), ("lost_peer", 7, 10),
     ], ended  # fmt: skip
     first, second = restores(job)
     assert first == second == [0, 7]
@@ -352,7 +353,7 @@ def test_a_node_lost_ends_the_job_which_slurm_requeues_and_which_resumes_once_th
     *first_run, last = step_ends(job)
     assert last == "0" and "42" not in first_run, text[-4000:]
     ended = sessions(job)
-    assert [s.outcome for s in ended] == ["failed", "done"], ended
+    assert [s.outcome for s in ended] == ["lost_peer", "done"], ended
     first, second = restores(job)
     assert first == second == [s.restored_step for s in ended], (first, second, ended)
     lost, resumed = ended
