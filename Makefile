@@ -33,7 +33,7 @@ multiworker: $(STAMP)
 # (tests/conftest.py), and idle workers steal from busy ones, so that no long test starts
 # when the others are done.
 test: $(STAMP)
-	$(PY) -m pytest -q -n 6 --dist worksteal
+	$(PY) -m pytest -q -n 6 --dist worksteal --durations=15
 
 # The model-based searches, long: hundreds of random sequences in process, across real
 # processes and over the history, and interrupted runs against the run left alone (the
