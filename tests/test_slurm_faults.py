@@ -264,7 +264,7 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
 
     shown = inspect(job)
     assert "5 sessions" in shown, shown
-    for outcome in ("failed", "stuck", "preempted", "done"):
+    for outcome in ("lost_peer", "stuck", "preempted", "done"):
         assert f" {outcome} " in shown, shown
 
     left = wait_for_end(slurm, left_alone.id, left_alone.log)
