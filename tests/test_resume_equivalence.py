@@ -278,10 +278,13 @@ def test_train_killed_with_two_tiers_in_front_of_a_store_ends_as_left_alone(
     tier gone: from the store)."""
     local = str(tmp_path / "local")
     run = Run(str(tmp_path), "train", logdir=gcs.new_path(), local=local)
+    # Early kills: a loaded machine lets a run go on well past the marker it is killed at,
+    # and a run that reached its end before the second kill leaves no start for the new host.
     run.start(save_steps=3)
-    run.interrupt("save", 2, "SIGKILL")
+    run.interrupt("save", 1, "SIGKILL")
     run.start(background=True, save_steps=5)
-    run.interrupt("step", 9, "SIGKILL")
+    run.interrupt("step", 3, "SIGKILL")
+    assert not run.finished, run.story
     shutil.rmtree(local)  # a new host
     run.to_the_end()
     assert run.tiers == ["None", "local", "store"], run.story
