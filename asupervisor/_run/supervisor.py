@@ -427,6 +427,15 @@ class ProcessSupervisor:
             )
         return self._group(number, status, cause, workers)
 
+    async def _append_ends(self, logdir: str, lines: list[dict[str, Any]]) -> None:
+        """Session ends the runner writes for sessions that could not (``_run/ends``), into
+        the ledger, bounded like every read of the logdir."""
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(_ends.record, logdir, lines, abandon_on_cancel=True)
+            except Exception as exc:  # a figure for inspect: never a reason to stop the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
+
     async def _record_killed_chief(self, ends: list[MemberEnd]) -> None:
         """--slurm's outer run: the end of a chief session whose task was killed before it
         could record it (``_record_member_stopping``), into the ledger as the runner's
@@ -435,11 +444,7 @@ class ProcessSupervisor:
         lines = [_ends.member_line(e) for e in ends if e.chief and e.session]
         if not lines or logdir is None:
             return
-        with anyio.move_on_after(LOGDIR_READ_SECS):
-            try:
-                await anyio.to_thread.run_sync(_ends.record, logdir, lines, abandon_on_cancel=True)
-            except Exception as exc:  # a figure for inspect: never a reason to stop the run
-                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
+        await self._append_ends(logdir, lines)
 
     def _host_group(self, result: AttemptResult) -> GroupAttempt:
         """--workers N on this host: the attempt as the ledger's group line."""
@@ -616,11 +621,7 @@ class ProcessSupervisor:
         logdir = self.config.logdir or next(iter(told), None)
         if logdir is None or not lines:
             return
-        with anyio.move_on_after(LOGDIR_READ_SECS):
-            try:
-                await anyio.to_thread.run_sync(_ends.record, logdir, lines, abandon_on_cancel=True)
-            except Exception as exc:  # a figure for inspect: never a reason to stop the run
-                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
+        await self._append_ends(logdir, lines)
 
     def _limits(self) -> Limits:
         config = self.config
