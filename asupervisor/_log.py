@@ -38,13 +38,17 @@ class EventLogger:
 
     ``before_emit(callback)`` registers a callback run before each event that will be
     shown (a live progress line erases itself there, so no log line is appended to it).
+    What the callback returns, if callable, is called once the event is written (the
+    progress line holds its lock from its erasing to then, so that it is not drawn again
+    between the two).
     """
 
     def __init__(self) -> None:
-        self._before: list[Callable[[], None]] = []
+        self._before: list[Callable[[], Callable[[], None] | None]] = []
 
-    def before_emit(self, callback: Callable[[], None]) -> Callable[[], None]:
-        """Run ``callback()`` before each event is emitted; returns a function that undoes it."""
+    def before_emit(self, callback: Callable[[], Callable[[], None] | None]) -> Callable[[], None]:
+        """Run ``callback()`` before each event is emitted, and what it returns (if
+        anything) after; returns a function that undoes it."""
         self._before.append(callback)
 
         def remove() -> None:
@@ -59,9 +63,16 @@ class EventLogger:
         try:
             if not _stdlib.isEnabledFor(level):  # the one level, whatever the set-up
                 return
-            for callback in list(self._before):
-                callback()
-            self._write(level, event, fields)
+            after: list[Callable[[], None]] = []
+            try:
+                for callback in list(self._before):
+                    done = callback()
+                    if done is not None:
+                        after.append(done)
+                self._write(level, event, fields)
+            finally:  # whatever happened: a lock taken is released
+                for done in reversed(after):
+                    done()
         except Exception:
             pass
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import TextIO
 
 import anyio
@@ -56,13 +57,19 @@ class ProgressService:
         stream = self.stream or sys.stderr
         if not stream.isatty():
             return
-        drawn = threading.Lock()  # events are logged from other threads too
+        drawn = threading.RLock()  # events are logged from other threads too
 
-        def erase() -> None:
-            """Before a log line is printed: clear ours, so the two never share a line."""
-            with drawn:
+        def erase() -> Callable[[], None]:
+            """Before a log line is printed: clear ours, so the two never share a line,
+            and draw it again only once that line is written (the lock is released then)."""
+            drawn.acquire()
+            try:
                 stream.write("\r\x1b[K")
                 stream.flush()
+            except BaseException:
+                drawn.release()
+                raise
+            return drawn.release
 
         remove = logger.before_emit(erase)
         last_step, last_time = sess.global_step, anyio.current_time()

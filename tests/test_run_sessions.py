@@ -238,21 +238,25 @@ def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path)
         run.proc.kill()
     assert code == 0, run.output
     assert any("worker=1 status='137 (SIGKILL)'" in line for line in run.errors), run.output
-    # The chief lost its peer: its end says so, with a status of its own (75), and the
-    # group's restart counted the SIGKILL, the first failure, as its cause.
-    assert any("worker=0 status='75 (lost_peer)'" in line for line in run.errors), run.output
+    # The chief lost its peer: its end says so, with a status of its own (75); unless the
+    # group's stop, sent once worker 1 was gone, reached it first (seen beside two busy
+    # loops: 143). Either way the group's restart counted the SIGKILL, the first failure,
+    # as its cause.
+    lost = any("worker=0 status='75 (lost_peer)'" in line for line in run.errors)
+    assert lost or any("worker=0 status='143 (SIGTERM)'" in ln for ln in run.errors), run.output
     assert any(
         "run.restarting" in line and "after='worker 1: 137 (SIGKILL)" in line for line in run.errors
     ), run.output
     ledger = _ledger.sessions(_ledger.read(Store(str(logdir))))
     first = next(s for s in ledger if s.attempt == 1)
-    assert (first.outcome, first.exit_status, first.worker) == ("lost_peer", 75, "worker:0")
+    if lost:
+        assert (first.outcome, first.exit_status, first.worker) == ("lost_peer", 75, "worker:0")
     # The runner started both workers: the ledger has how each ended, and the first to fail.
     from asupervisor._logdir.groups import groups
 
     group = groups(_ledger.read(Store(str(logdir))))[0]
     ended = sorted((w.rank, w.status, w.first) for w in group.workers)
-    assert ended == [(0, 75, False), (1, 137, True)], group
+    assert ended == [(0, 75 if lost else 143, False), (1, 137, True)], group
     assert group.workers[0].session == first.session
     again = matches(run.lines, r"attempt 2 worker (\d) .* restored (\d+) w (\d+)")
     assert sorted(m[1] for m in again) == ["0", "1"], run.output
