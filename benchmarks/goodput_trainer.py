@@ -127,11 +127,11 @@ class Faults:
             time.sleep(10**9)  # a step that never ends
 
 
-def build() -> tuple[Any, Any, Any, Any]:
+def model_and_optimizer() -> tuple[Any, Any]:
+    """The benchmark's model (784-512-512-10) and Adam, one worker's or every worker's
+    (made in the strategy's scope)."""
     import keras
-    import tensorflow as tf
 
-    keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [
             keras.Input((784,)),
@@ -140,7 +140,15 @@ def build() -> tuple[Any, Any, Any, Any]:
             keras.layers.Dense(10),
         ]
     )
-    optimizer = keras.optimizers.Adam(1e-3)
+    return model, keras.optimizers.Adam(1e-3)
+
+
+def build() -> tuple[Any, Any, Any, Any]:
+    import keras
+    import tensorflow as tf
+
+    keras.utils.set_random_seed(0)
+    model, optimizer = model_and_optimizer()
     x = tf.random.stateless_normal((8192, 784), seed=(1, 2))
     y = tf.random.stateless_uniform((8192,), (3, 4), maxval=10, dtype=tf.int64)
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(128)
@@ -215,15 +223,7 @@ def run_multiworker(args: argparse.Namespace, faults: Faults) -> int:
     workers = strategy.num_replicas_in_sync
     keras.utils.set_random_seed(0)
     with strategy.scope():
-        model = keras.Sequential(
-            [
-                keras.Input((784,)),
-                keras.layers.Dense(512, activation="relu"),
-                keras.layers.Dense(512, activation="relu"),
-                keras.layers.Dense(10),
-            ]
-        )
-        optimizer = keras.optimizers.Adam(1e-3)
+        model, optimizer = model_and_optimizer()
     x = tf.random.stateless_normal((8192, 784), seed=(1, 2 + rank))
     y = tf.random.stateless_uniform((8192,), (3, 4 + rank), maxval=10, dtype=tf.int64)
     data = tf.data.Dataset.from_tensor_slices((x, y)).repeat().batch(128 // workers)
