@@ -733,6 +733,22 @@ def load() -> str:
     )
 
 
+def summary_row(system: str, clean: Result, faulted: Result) -> dict[str, object]:
+    """A system's row of the results: its fault-free run against its run under faults
+    (``goodput.json``, ``goodput_tiers.json``, ``goodput_slurm.json``)."""
+    return {
+        "system": system,
+        "fault-free: wall s": round(clean.wall, 1),
+        "fault-free: steps/s": round(clean.rate, 1),
+        "cold start s": None if clean.cold_start is None else round(clean.cold_start, 2),
+        "with faults: wall s": round(faulted.wall, 1),
+        "with faults: productive steps/s": round(faulted.rate, 1),
+        "goodput % (vs the fault-free run)": round(100 * faulted.rate / clean.rate, 1),
+        "goodput %, same run (drift-free)": round(100 * faulted.own_goodput, 1),
+        "finished without a person": finished(faulted),
+    }
+
+
 def finished(result: Result) -> str:
     """Whether a run under faults finished without a person, and if not, how it ended."""
     if result.finished:
@@ -761,15 +777,7 @@ def write_results(
         f = faulted[system]
         rows.append(
             {
-                "system": names[system],
-                "fault-free: wall s": round(c.wall, 1),
-                "fault-free: steps/s": round(c.rate, 1),
-                "cold start s": None if c.cold_start is None else round(c.cold_start, 2),
-                "with faults: wall s": round(f.wall, 1),
-                "with faults: productive steps/s": round(f.rate, 1),
-                "goodput % (vs the fault-free run)": round(100 * f.rate / c.rate, 1),
-                "goodput %, same run (drift-free)": round(100 * f.own_goodput, 1),
-                "finished without a person": finished(f),
+                **summary_row(names[system], c, f),
                 "seconds to train again after each fault": [
                     f"{kind} {secs:.1f}" for kind, secs in f.recoveries
                 ],

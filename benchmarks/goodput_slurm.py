@@ -235,20 +235,7 @@ def measure(args: argparse.Namespace, env: dict[str, str]) -> None:
     name = "two workers on two SLURM nodes: `asupervisor run --slurm --standby` + `sess.train`"
     write(
         "goodput_slurm",
-        [
-            {
-                "system": name,
-                "fault-free: wall s": round(clean.wall, 1),
-                "fault-free: steps/s": round(clean.rate, 1),
-                "cold start s": None if clean.cold_start is None else round(clean.cold_start, 2),
-                "with faults: wall s": round(faulted.wall, 1),
-                "with faults: productive steps/s": round(faulted.rate, 1),
-                "goodput % (vs the fault-free run)": round(100 * faulted.rate / clean.rate, 1),
-                "goodput %, same run (drift-free)": round(100 * faulted.own_goodput, 1),
-                "finished without a person": g.finished(faulted),
-                "requeues": faulted.restarts,
-            }
-        ],
+        [{**g.summary_row(name, clean, faulted), "requeues": faulted.restarts}],
         steps=args.steps,
         save_steps=args.save_steps,
         faults=[[kind, round(at)] for at, kind in schedule],
