@@ -54,11 +54,11 @@ def test_who_restarts_a_failed_worker_is_decided_from_the_flag_then_the_environm
 
 def test_a_status_map_names_outcomes_or_the_tfjob_preset() -> None:
     tfjob = StatusMap.parse("tfjob")
-    statuses = (0, 1, 42, 75, 78, 124, 130, 137)
-    assert [tfjob(s) for s in statuses] == [0, 1, 143, 137, 78, 138, 130, 137]
+    statuses = (0, 1, 42, 69, 75, 78, 124, 130, 137)
+    assert [tfjob(s) for s in statuses] == [0, 1, 143, 137, 137, 78, 138, 130, 137]
     mapped = StatusMap.parse("tfjob, failed=137")
     assert (mapped(1), mapped(42), str(mapped)) == (
-        137, 143, "preempted=143,stuck=138,lost-peer=137,failed=137"
+        137, 143, "preempted=143,stuck=138,lost-peer=137,unreachable=137,failed=137"
     )  # fmt: skip
     assert StatusMap.parse("lost-peer=143").mapped == {Outcome.LOST_PEER: 143}
     assert StatusMap.parse("")(42) == 42

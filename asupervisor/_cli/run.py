@@ -338,7 +338,7 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         help="the run's exit status as an engine that retries only some is told it: "
         "NAME=STATUS,... with NAME one of done, preempted, failed, permanent, stuck, "
         "interrupted, unreachable, lost-peer, or 'tfjob' (Kubeflow's TFJob retries only 130, "
-        "137, 138 and 143: preempted=143,stuck=138,lost-peer=137)",
+        "137, 138 and 143: preempted=143,stuck=138,lost-peer=137,unreachable=137)",
     )
     run.add_argument(
         "argv",

@@ -96,9 +96,18 @@ NAMES: dict[str, Outcome] = {
 # a crash restarts in the pod only with --restarts here). A lost peer becomes 137: what
 # the peer's own death most often shows (SIGKILL, the OOM killer, a lost node), retried,
 # and not 130 (a person's Ctrl-C, which this runner passes on) nor the preempted or stuck
-# numbers, so the two that are mapped stay apart.
+# numbers, so the two that are mapped stay apart. A store out of reach (69) becomes 137
+# too: an outage of the store is most often transient, and a TFJob failed for good on it
+# would need a person to submit the job again, where a replaced pod restores from the
+# store once it answers. It shares 137 with a lost peer: both are retried failures that
+# came from outside the worker; the ledger tells which.
 PRESETS: dict[str, dict[Outcome, int]] = {
-    "tfjob": {Outcome.PREEMPTED: 143, Outcome.STUCK: 138, Outcome.LOST_PEER: 137},
+    "tfjob": {
+        Outcome.PREEMPTED: 143,
+        Outcome.STUCK: 138,
+        Outcome.LOST_PEER: 137,
+        Outcome.UNREACHABLE: 137,
+    },
 }
 
 
