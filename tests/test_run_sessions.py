@@ -10,6 +10,7 @@ import os
 import re
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import textwrap
@@ -267,6 +268,63 @@ def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path)
     assert second.restored_step == int(restored[0]), second
     stops = {line for line in run.lines if "stopped" in line}
     assert stops == {f"worker {r} stopped {int(restored[0]) + 30} step_limit" for r in (0, 1)}
+
+
+def test_per_host_members_of_a_job_fold_each_workers_end_into_the_chiefs_ledger(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `asupervisor run`, one per "host", each one member of a two-worker job (its
+    TF_CONFIG names the other), as a JobSet's or a TFJob's pods run it: worker 1's trainer
+    is killed. Each member records its end; the chief's folds them into the ledger as the
+    group's attempt, which names worker 1 first with its host and status."""
+    from asupervisor._logdir.groups import groups
+    from examples.multiworker import local_tf_configs
+
+    logdir = tmp_path / "run"
+    script = tmp_path / "mw.py"
+    script.write_text(textwrap.dedent(MULTIWORKER))
+    scratch = tmp_path / "scratch"
+    scratch.mkdir()
+    members = []
+    os.environ["TMPDIR"] = str(scratch)  # where the non-chief's scratch saves go
+    try:
+        for config in local_tf_configs(2):
+            os.environ["TF_CONFIG"] = config
+            args = ("--logdir", str(logdir), "--", sys.executable, str(script), str(logdir))
+            members.append(Supervised(*args))
+    finally:
+        del os.environ["TMPDIR"], os.environ["TF_CONFIG"]
+    try:
+        victim = int(members[1].wait_for(r"^attempt 1 worker 1 pid (\d+)")[1])
+        deadline = time.monotonic() + 120
+        while not (logdir / "model.ckpt-10.index").exists():  # read the disk, not log lines
+            assert time.monotonic() < deadline and members[0].proc.poll() is None
+            time.sleep(0.05)
+        os.kill(victim, signal.SIGKILL)
+        codes = [m.finish(120) for m in members]
+    finally:
+        for m in members:
+            m.proc.kill()
+    # Each member exits at once for the engine to restart the group; the survivor lost its
+    # peer, unless it was still in a step the kill cut (then TF's own error: failed).
+    assert codes[1] == 137 and codes[0] in (75, 1), [m.output for m in members]
+    records = _ledger.read(Store(str(logdir)))
+    (group,) = groups(records)
+    ended = {w.rank: w for w in group.workers}
+    host = socket.gethostname()
+    assert (ended[1].host, ended[1].status, ended[1].first, ended[1].stopped) == (
+        host, 137, True, False
+    ), group  # fmt: skip
+    assert (ended[0].host, ended[0].status, ended[0].first) == (host, codes[0], False), group
+    assert (group.attempt, group.status) == (1, 137) and f"worker 1 on {host}" in group.cause
+    chief = next(s for s in _ledger.sessions(records) if s.attempt == 1)
+    assert ended[0].session == chief.session and ended[0].step is not None
+    assert not [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    assert main(["inspect", str(logdir), "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"group: 2 workers on {host}; 1 attempts" in out, out
+    rows = [" ".join(line.split()) for line in out.splitlines()]
+    assert any(r.startswith(f"1 * 1 {host} ") and "137 (SIGKILL)" in r for r in rows), out
 
 
 TRAINS = """

@@ -68,6 +68,7 @@ from .._logdir.groups import GroupAttempt
 from .._logdir.store import Store
 from .._outcome import Outcome
 from . import ends as _ends
+from . import members as _members
 from . import report as _report
 from .attempt import Attempt, AttemptResult, Child, Control, Limits, StopCause
 from .budget import GiveUp, RestartBudget, restartable
@@ -104,6 +105,7 @@ DEFAULT_GRACE_SECS = 150.0  # more than a session's default stop_grace_secs (120
 REAP_SECS = 5.0  # how long the run's end waits for the processes it killed to be reaped
 MEMBER_READ_TRIES = 5  # a --slurm step's task records, looked for this many times
 MEMBER_READ_PAUSE_SECS = 0.5  # between two looks
+MEMBER_FOLD_TRIES = 16  # a job across hosts: the chief waits this many looks for the others'
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
 FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
@@ -219,6 +221,14 @@ class ProcessSupervisor:
             if self._member.restarts is Restarts.ENGINE and outer[0] and outer[1]
             else None
         )
+        # One member of a job across hosts that no outer run started (a JobSet's or a
+        # TFJob's pod): its rank and the job's worker count; its end is recorded for the
+        # chief's member to fold into the ledger (``members.py``).
+        self._host = (
+            _members.host_member(os.environ)
+            if self._member.restarts is Restarts.ENGINE and self._outer is None
+            else None
+        )
 
     # -- output --------------------------------------------------------------------
 
@@ -253,6 +263,7 @@ class ProcessSupervisor:
                 self._tg = tg
                 tg.start_soon(self._watch_signals)
                 try:
+                    await self._fold_members(1)  # what an earlier attempt's chief left
                     status = await self._run()
                 except CannotStart as exc:
                     self._print(f"asupervisor run: error: {exc}")
@@ -261,6 +272,7 @@ class ProcessSupervisor:
                     self.kill_everything()
                     await self._reaped()
                 await self._record_member_end(status)
+                await self._fold_members(MEMBER_FOLD_TRIES)
                 tg.cancel_scope.cancel()
         finally:
             self.kill_everything()
@@ -319,8 +331,9 @@ class ProcessSupervisor:
         chief: bool,
     ) -> MemberEnd:
         procid = os.environ.get("SLURM_PROCID", "0")
+        rank = int(procid) if procid.isdigit() else 0
         return MemberEnd(
-            rank=int(procid) if procid.isdigit() else 0,
+            rank=self._host[0] if self._host is not None else rank,
             host=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
             status=status,
             stopped=stopped,
@@ -336,10 +349,14 @@ class ProcessSupervisor:
         """Write (or replace) this task's record, one write at a time: the record of its
         stop (``stopping``) never replaces its end's."""
         logdir = self.config.logdir
-        if self._outer is None or not logdir:
+        if self._outer is not None:
+            name = member_prefix(*self._outer) + str(end.rank)
+        elif self._host is not None:
+            name = _members.record_name(end.rank, self.run_id)
+        else:
             return
-        run, attempt = self._outer
-        name = member_prefix(run, attempt) + str(end.rank)
+        if not logdir:
+            return
         async with self._member_lock:
             if stopping and self._member_ended:
                 return
@@ -352,6 +369,27 @@ class ProcessSupervisor:
                     )
                 except Exception as exc:  # said, never a reason to fail the end
                     self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
+
+    async def _fold_members(self, tries: int) -> None:
+        """The chief's member of a job across hosts: the members' recorded ends into the
+        ledger as the group's attempt (``members.py``), looked for ``tries`` times; bounded,
+        a failure said."""
+        logdir = self.config.logdir
+        if self._host is None or self._host[0] != 0 or not logdir:
+            return
+        fold = _members.fold
+        args = (logdir, self.run_id, self._host[1], tries, MEMBER_READ_PAUSE_SECS)
+        facts = _groups.engine_facts(os.environ)
+        with anyio.move_on_after(LOGDIR_READ_SECS + tries * MEMBER_READ_PAUSE_SECS, shield=True):
+            try:
+                group = await anyio.to_thread.run_sync(
+                    lambda: fold(*args, facts), abandon_on_cancel=True
+                )
+            except Exception as exc:  # a fact for inspect: never a reason to fail the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
+                return
+            if group is not None:
+                self.say("group.recorded", attempt=group.attempt, cause=group.cause)
 
     async def _group_result(self, result: AttemptResult) -> AttemptResult:
         """--slurm's outer run: the step's status decided from its tasks' recorded ends."""
@@ -522,7 +560,7 @@ class ProcessSupervisor:
                     continue
                 control.stop_requested.set()
                 control.changed()
-                if self._outer is not None and self._tg is not None:
+                if (self._outer or self._host) is not None and self._tg is not None:
                     self._tg.start_soon(self._record_member_stopping)
                 self.say(
                     "run.stopping",
