@@ -264,3 +264,56 @@ def test_the_ports_of_a_slurm_jobs_workers_stay_below_the_ephemeral_range() -> N
             for attempt in range(1, 6):
                 base = port_for(step, attempt)
                 assert 1024 < base and base + step.tasks <= 32768, (job, restart, attempt)
+
+
+# -- one history, many hosts: the members' ends folded by the chief's member -------------
+
+
+def test_a_members_rank_is_its_place_among_the_workers_its_tf_config_names() -> None:
+    from asupervisor._run.members import rank_in
+
+    cluster = {"chief": ["c:1"], "worker": ["a:1", "b:1"]}
+
+    def as_task(kind: str, index: int) -> str:
+        return json.dumps({"cluster": cluster, "task": {"type": kind, "index": index}})
+
+    assert [rank_in(as_task("chief", 0)), rank_in(as_task("worker", 1))] == [(0, 3), (2, 3)]
+    assert rank_in(TWO_WORKERS) == (1, 2)
+    one = json.dumps({"cluster": {"worker": ["a:1"]}, "task": {"type": "worker", "index": 0}})
+    for text in (one, as_task("ps", 0), as_task("worker", 5), "not json", ""):
+        assert rank_in(text) is None, text
+
+
+def test_the_ends_an_attempt_whose_chief_was_lost_left_are_folded_at_the_next_chiefs_start(
+    tmp_path: Path,
+) -> None:
+    """The chief's pod was lost with its run: no record of rank 0, and no fold at that
+    attempt's end. The next chief's start folds what the others recorded: the chief that
+    left no end is the first, the peer that lost it is not; the records are gone after."""
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.groups import groups
+    from asupervisor._logdir.store import Store
+    from asupervisor._run import members
+
+    logdir = str(tmp_path)
+    lost = MemberEnd(1, "pod-1", 75, False, "exited", at=1000.0, session="s1", step=7, pid=11)
+    stopped = MemberEnd(2, "pod-2", 143, True, "exited", at=1001.0)
+    for end in (lost, stopped):
+        members.write(logdir, f"run{end.rank}", end)
+    group = members.fold(logdir, "chief-run", 3, wait_tries=1, pause_secs=0)
+    assert group is not None
+    assert [(w.rank, w.host, w.status, w.first, w.stopped) for w in group.workers] == [
+        (0, "?", 1, True, False),
+        (1, "pod-1", 75, False, False),
+        (2, "pod-2", 143, False, True),
+    ]
+    assert (group.attempt, group.status, group.run) == (1, 1, "chief-run"), group
+    assert "worker 0 left no end" in group.cause
+    assert groups(_ledger.read(Store(logdir))) == [group]
+    assert not [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    # Nothing left: the next fold writes nothing; the one after a whole attempt counts on.
+    assert members.fold(logdir, "chief-run", 3, wait_tries=1, pause_secs=0) is None
+    for rank in range(3):
+        members.write(logdir, "r", MemberEnd(rank, f"pod-{rank}", 0, False, "exited", at=2000.0))
+    again = members.fold(logdir, "next-run", 3, wait_tries=1, pause_secs=0)
+    assert again is not None and (again.attempt, again.status, again.first) == (2, 0, None)

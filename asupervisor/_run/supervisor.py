@@ -105,7 +105,10 @@ DEFAULT_GRACE_SECS = 150.0  # more than a session's default stop_grace_secs (120
 REAP_SECS = 5.0  # how long the run's end waits for the processes it killed to be reaped
 MEMBER_READ_TRIES = 5  # a --slurm step's task records, looked for this many times
 MEMBER_READ_PAUSE_SECS = 0.5  # between two looks
-MEMBER_FOLD_TRIES = 16  # a job across hosts: the chief waits this many looks for the others'
+# A job across hosts: the chief's member looks this many times (MEMBER_READ_PAUSE_SECS
+# apart) for the other members' ends: a peer's worker takes a collective's timeout (seen:
+# 10-15 s) to find the chief's gone, and an end folded later is an attempt's line apart.
+MEMBER_FOLD_TRIES = 60
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
 FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
