@@ -310,10 +310,48 @@ def test_the_ends_an_attempt_whose_chief_was_lost_left_are_folded_at_the_next_ch
     assert (group.attempt, group.status, group.run) == (1, 1, "chief-run"), group
     assert "worker 0 left no end" in group.cause
     assert groups(_ledger.read(Store(logdir))) == [group]
-    assert not [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    left = [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    assert all(n.endswith(".folded") for n in left) and len(left) == 2, left
     # Nothing left: the next fold writes nothing; the one after a whole attempt counts on.
     assert members.fold(logdir, "chief-run", 3, wait_tries=1, pause_secs=0) is None
     for rank in range(3):
         members.write(logdir, "r", MemberEnd(rank, f"pod-{rank}", 0, False, "exited", at=2000.0))
     again = members.fold(logdir, "next-run", 3, wait_tries=1, pause_secs=0)
     assert again is not None and (again.attempt, again.status, again.first) == (2, 0, None)
+
+
+def test_an_end_recorded_after_the_chief_folded_its_members_stop_is_never_an_attempt_of_its_own(
+    tmp_path: Path,
+) -> None:
+    """The engine stops every pod (a JobSet's restart): worker 1 records its stop at once,
+    the chief ends and folds it before worker 1's own end is written. That end, coming
+    late, is dropped with the fold's mark, not folded at the next start as an attempt."""
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.groups import groups
+    from asupervisor._logdir.store import Store
+    from asupervisor._run import members
+
+    logdir = str(tmp_path)
+    stopping = MemberEnd(1, "pod-1", 137, True, "killed before its end was recorded", at=9.0)
+    members.write(logdir, "w1", stopping, stopping=True)
+    members.write(logdir, "c", MemberEnd(0, "pod-0", 42, True, "exited", at=10.0))
+    # Its stop is all there is of worker 1 after the looks: folded as it.
+    first = members.fold(logdir, "c", 2, wait_tries=2, pause_secs=0)
+    assert first is not None and [(w.rank, w.status, w.stopped) for w in first.workers] == [
+        (0, 42, True),
+        (1, 137, True),
+    ]
+    members.write(logdir, "w1", MemberEnd(1, "pod-1", 42, True, "exited", at=11.0))  # late
+    assert members.fold(logdir, "next", 2, wait_tries=1, pause_secs=0) is None
+    assert len(groups(_ledger.read(Store(logdir)))) == 1
+    # A member's end replaces its record of its stop; the next chief's end sweeps the marks.
+    members.write(logdir, "c2", MemberEnd(0, "pod-0", 0, False, "exited", at=20.0))
+    members.write(logdir, "w2", stopping, stopping=True)
+    members.write(logdir, "w2", MemberEnd(1, "pod-1", 0, False, "exited", at=21.0))
+    last = members.fold(logdir, "c2", 2, wait_tries=2, pause_secs=0)
+    assert last is not None and (last.attempt, [w.status for w in last.workers]) == (2, [0, 0])
+    left = sorted(n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-"))
+    assert left == [
+        members.record_name(0, "c2") + ".folded",
+        members.record_name(1, "w2") + ".folded",
+    ]

@@ -319,7 +319,8 @@ def test_per_host_members_of_a_job_fold_each_workers_end_into_the_chiefs_ledger(
     assert (group.attempt, group.status) == (1, 137) and f"worker 1 on {host}" in group.cause
     chief = next(s for s in _ledger.sessions(records) if s.attempt == 1)
     assert ended[0].session == chief.session and ended[0].step is not None
-    assert not [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    left = [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    assert all(n.endswith(".folded") for n in left), left  # the records are folded
     assert main(["inspect", str(logdir), "--no-verify"]) == 0
     out = capsys.readouterr().out
     assert f"group: 2 workers on {host}; 1 attempts" in out, out

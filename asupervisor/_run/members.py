@@ -27,6 +27,8 @@ from .._logdir.store import Store
 from .slurm import MEMBER_PREFIX, MemberEnd, cause_rank, group_status
 
 HOST_PREFIX = f"{MEMBER_PREFIX}host-"
+STOPPING = ".stopping"  # a member's record of its stop, which its end replaces
+FOLDED = ".folded"  # the mark a folded record leaves
 LEFT_NO_END = "left no end (its host or its run was lost)"
 
 
@@ -59,26 +61,37 @@ def host_member(env: Mapping[str, str]) -> tuple[int, int] | None:
     return rank_in(env.get("TF_CONFIG", ""))
 
 
-def record_name(rank: int, run: str) -> str:
-    return f"{HOST_PREFIX}{rank}-{run}"
+def record_name(rank: int, run: str, stopping: bool = False) -> str:
+    """A member's record: its end, or (``stopping``) the one it writes as the stop reaches
+    it, in case it is killed before its end (which then wins)."""
+    return f"{HOST_PREFIX}{rank}-{run}{STOPPING if stopping else ''}"
 
 
-def write(logdir: str, run: str, end: MemberEnd) -> None:
+def write(logdir: str, run: str, end: MemberEnd, stopping: bool = False) -> None:
     """This member's end into the logdir (blocking I/O: a worker thread)."""
     store = Store(logdir)
     store.make()  # a worker that failed before its session made the logdir
-    store.write(record_name(end.rank, run), end.to_json())
+    store.write(record_name(end.rank, run, stopping), end.to_json())
 
 
-def _read(store: Store) -> dict[str, MemberEnd]:
-    found = {}
+def _looked(store: Store) -> tuple[dict[str, MemberEnd], dict[str, MemberEnd], set[str]]:
+    """The members' ends, their records of a stop, and the records already folded, each
+    by its record's name without suffix."""
+    ends: dict[str, MemberEnd] = {}
+    stops: dict[str, MemberEnd] = {}
+    folded = set()
     for name in store.names():
-        if name.startswith(HOST_PREFIX):
-            try:
-                found[name] = MemberEnd.from_json(store.read(name))
-            except (OSError, ValueError, KeyError, TypeError):
-                continue  # being written, or not ours: left for a later fold
-    return found
+        if not name.startswith(HOST_PREFIX):
+            continue
+        if name.endswith(FOLDED):
+            folded.add(name.removesuffix(FOLDED))
+            continue
+        base = name.removesuffix(STOPPING)
+        try:
+            (stops if base != name else ends)[base] = MemberEnd.from_json(store.read(name))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ours: left for a later fold
+    return ends, stops, folded
 
 
 def fold(
@@ -89,22 +102,46 @@ def fold(
     pause_secs: float,
     facts: Mapping[str, object] | None = None,
 ) -> _groups.GroupAttempt | None:
-    """The members' records in ``logdir`` as one group line, appended to its ledger and
-    the records removed (blocking I/O: a worker thread). Looks ``wait_tries`` times, a
-    pause apart, until every one of the ``tasks`` ranks has one; then folds what there
-    is (a rank without one: its host or its run was lost). ``None``: no record."""
+    """The members' records in ``logdir`` as one group line, appended to its ledger
+    (blocking I/O: a worker thread). Looks ``wait_tries`` times, a pause apart, until
+    every one of the ``tasks`` ranks has its end; then folds what there is (a member that
+    recorded only its stop: killed before its end; a rank with neither: its host or its
+    run was lost). ``None``: nothing to fold.
+
+    A folded record is replaced by a mark (``.folded``): an end that comes after the fold
+    took the member's record of its stop is removed with it, never folded as an attempt of
+    its own. A chief's end (``wait_tries`` > 1) removes the marks found as it began: those
+    of the attempt before, whose members have all ended since."""
     store = Store(logdir)
-    found: dict[str, MemberEnd] = {}
-    for tries in range(max(1, wait_tries)):
-        found = _read(store)
-        if {e.rank for e in found.values()} >= set(range(tasks)):
+    ends, stops, folded = _looked(store)
+    old_marks = set(folded)
+    for _ in range(1, max(1, wait_tries)):
+        if {e.rank for b, e in ends.items() if b not in folded} >= set(range(tasks)):
             break
-        if tries + 1 < wait_tries:
-            time.sleep(pause_secs)
-    if not found:
-        return None
+        time.sleep(pause_secs)
+        ends, stops, folded = _looked(store)
+        folded |= old_marks
+    for base in folded & (set(ends) | set(stops)):  # came after their member was folded
+        for name in (base, base + STOPPING):
+            store.remove(name)
+    taken = {b: e for b, e in {**stops, **ends}.items() if b not in folded}
+    group = _group(store, run, tasks, list(taken.values()), facts or {}) if taken else None
+    for base in taken:
+        store.write(base + FOLDED, b"", durable=False)
+        for name in (base, base + STOPPING):
+            store.remove(name)
+    if wait_tries > 1:
+        for base in old_marks:
+            store.remove(base + FOLDED)
+    return group
+
+
+def _group(
+    store: Store, run: str, tasks: int, found: list[MemberEnd], facts: Mapping[str, object]
+) -> _groups.GroupAttempt:
+    """The group line of one attempt's recorded ends, appended to the ledger."""
     by_rank: dict[int, MemberEnd] = {}
-    for end in sorted(found.values(), key=lambda e: e.at):
+    for end in sorted(found, key=lambda e: e.at):
         by_rank[end.rank] = end  # one per rank: its newest
     ends = list(by_rank.values())
     status, cause = group_status(ends, tasks, max(e.status for e in ends))
@@ -129,11 +166,9 @@ def fold(
                 step=e.step,
             )
         )
-    records = _ledger.read(store)
-    facts = facts or {}
     group = _groups.GroupAttempt(
         run=run,
-        attempt=1 + len(_groups.groups(records)),  # the chief alone writes them, in turn
+        attempt=1 + len(_groups.groups(_ledger.read(store))),  # the chief alone writes them
         time=_iso(time.time()),
         status=status,
         cause=cause,
@@ -142,8 +177,6 @@ def fold(
         slurm_restart=_int(facts.get("slurm_restart")),
     )
     _ledger.append(store, group.to_record())
-    for name in found:
-        store.remove(name)
     return group
 
 

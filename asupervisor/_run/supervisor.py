@@ -311,10 +311,11 @@ class ProcessSupervisor:
         is what the outer run reads (its node, its worker's last session and step)."""
         children = [] if self._attempt is None else self._attempt.children
         beat = children[0].proc.heard.beat if children else None
+        stop = "step" if self._outer is not None else "run"
         stopping = self._member_record(
             128 + signal.SIGKILL,  # what SLURM's kill leaves
             stopped=True,
-            why="killed before its end was recorded (after the step's stop)",
+            why=f"killed before its end was recorded (after the {stop}'s stop)",
             session=None if beat is None else beat.session,
             step=None if beat is None else beat.step,
             pid=children[0].proc.pid if children else None,
@@ -355,7 +356,7 @@ class ProcessSupervisor:
         if self._outer is not None:
             name = member_prefix(*self._outer) + str(end.rank)
         elif self._host is not None:
-            name = _members.record_name(end.rank, self.run_id)
+            name = _members.record_name(end.rank, self.run_id, stopping)
         else:
             return
         if not logdir:
