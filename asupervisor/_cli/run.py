@@ -210,7 +210,8 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
     run.add_argument(
         "--logdir",
         help="the run's logdir, named in the crash-loop report with its newest checkpoint "
-        "(progress is what this run's children commit, with or without it)",
+        "(progress is what this run's children commit, with or without it); a member of "
+        "a job across hosts records its end there, for the chief's to fold into the ledger",
     )
     run.add_argument(
         "--workers",
