@@ -109,6 +109,7 @@ MEMBER_READ_PAUSE_SECS = 0.5  # between two looks
 # apart) for the other members' ends: a peer's worker takes a collective's timeout (seen:
 # 10-15 s) to find the chief's gone, and an end folded later is an attempt's line apart.
 MEMBER_FOLD_TRIES = 60
+MEMBER_FOLD_STOPPING_TRIES = 10  # after a stop: the others were stopped too, and end soon
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
 FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
@@ -275,7 +276,7 @@ class ProcessSupervisor:
                     self.kill_everything()
                     await self._reaped()
                 await self._record_member_end(status)
-                await self._fold_members(MEMBER_FOLD_TRIES)
+                await self._fold_members(self._fold_tries())
                 tg.cancel_scope.cancel()
         finally:
             self.kill_everything()
@@ -373,6 +374,17 @@ class ProcessSupervisor:
                     )
                 except Exception as exc:  # said, never a reason to fail the end
                     self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
+
+    def _fold_tries(self) -> int:
+        """How many looks the chief's end waits for the others' ends: fewer once a stop
+        was asked (a stop is bounded by the grace: its end waits little more), one after a
+        second SIGINT."""
+        control = self._control
+        if control is not None and control.hard_stop.is_set():
+            return 1
+        if control is not None and control.stop_requested.is_set():
+            return MEMBER_FOLD_STOPPING_TRIES
+        return MEMBER_FOLD_TRIES
 
     async def _fold_members(self, tries: int) -> None:
         """The chief's member of a job across hosts: the members' recorded ends into the
