@@ -5,15 +5,19 @@ A session of the chief records its own start and end in the ledger (``ledger.py`
 other workers write nothing into the logdir (the chief alone writes the history and the
 ledger's commits). How every worker of one attempt ended is known to the one process that
 started them all: ``asupervisor run --workers N`` on one host, or ``asupervisor run
---slurm``'s outer run, which reads each task's recorded end (``_run/slurm``). That process
-appends one ``group`` line per attempt, between two attempts: each worker's rank, host,
-status, how it ended, whether it was stopped with the group or ended on its own, its last
-session and step; which worker was the first to fail (the cause of the attempt's end);
-and the engine's facts, SLURM's job id and restart count. ``asupervisor inspect`` shows
-them as the group's attempts.
+--slurm``'s outer run, which reads each task's recorded end (``_run/slurm``). Where each
+host runs one ``asupervisor run`` of one worker (a JobSet's or a TFJob's pods), no process
+started them all: each records its end in the logdir, and the chief's folds them
+(``_run/members``). That process appends one ``group`` line per attempt: each worker's
+rank, host, status, how it ended, whether it was stopped with the group or ended on its
+own, its last session and step; which worker was the first to fail (the cause of the
+attempt's end); and the engine's facts, SLURM's job id and restart count. ``asupervisor
+inspect`` shows them as the group's attempts.
 
 Times are each host's own clock (``ended``): the first to fail is decided by the process
-that started the group, from the order it learned of the ends, not from these times.
+that started the group, from the order it learned of the ends, not from these times;
+except for the chief's fold of a job across hosts, which has only the recorded ends: a
+failure ranks before a lost peer or a stop, and among equals the earliest by these times.
 """
 
 from __future__ import annotations

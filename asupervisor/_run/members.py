@@ -7,8 +7,12 @@ its own end in the logdir as a fact (``.asupervisor.member-host-<rank>-<run>``, 
 ledger, folds them into one ``group_attempt`` line (``_logdir/groups``):
 
 - at its own end, having waited (bounded) for every member's record;
-- at its start, the records an earlier attempt left (its chief was killed with its pod, or
-  a member ended after that chief had folded): one line for them, the chief's end missing.
+- at its start, the records an earlier attempt left (its chief was killed with its pod):
+  one line for them, the chief's end missing.
+
+A member also records that a stop reached it (``.stopping``), in case it is killed before
+its end; its end, when it comes, wins. A folded record leaves a mark (``.folded``), so an
+end that comes after its member's stop was folded is dropped, not taken for an attempt.
 
 The first to fail is the cause ``group_status`` names, from the records alone; their times
 are each host's own clock.
