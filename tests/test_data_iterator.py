@@ -392,3 +392,27 @@ def test_a_pipelines_fingerprint_is_its_graph_and_sources_not_what_tf_makes_up_p
     changed.add(of_dataset(pipeline(batch=8)))
     assert first not in changed and len(changed) == 3
     assert of_dataset([1, 2, 3]) == ""  # not tf.data: nothing to say
+
+
+def test_a_save_after_a_restore_writes_the_position_even_where_the_last_save_held_it() -> None:
+    """A save assigns only what moved since the last one; a restore writes the variables
+    behind its back, so the next save assigns again, even a position equal to the one the
+    save before the restore wrote."""
+    from asupervisor._training.position import Position
+
+    position = Position()
+    position.go_to(1, 3)
+    position.keep_logs({"loss": 0.5})
+    position.sync()
+    position.sync()  # nothing moved: nothing to assign
+    saved = position.module, position.fit_module
+    assert [int(saved[0].epoch.numpy()), int(saved[0].batch.numpy())] == [1, 3]
+    for variable, value in ((saved[0].epoch, 7), (saved[0].batch, 0), (saved[1].logs, "{}")):
+        variable.assign(value)  # what a restore of an older checkpoint writes
+    position.reload()
+    assert (position.epoch, position.batch, position.logs) == (7, 0, {})
+    position.go_to(1, 3)  # back where the last save was (a rollback's move, say)
+    position.keep_logs({"loss": 0.5})
+    position.sync()
+    assert [int(saved[0].epoch.numpy()), int(saved[0].batch.numpy())] == [1, 3]
+    assert saved[1].logs.numpy().decode() == '{"loss": 0.5}'

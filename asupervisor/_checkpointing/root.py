@@ -19,7 +19,7 @@ on it, as ``Checkpoint.save`` does.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from .._training.kept_state import NAME as STATE
@@ -110,6 +110,10 @@ class SavedRoot:
             self.ours[SEEDS] = seeds
         self.checkpoint = self._root(self.ours)
         self._finite: tuple[tuple[int, ...], Any] | None = None  # (variables' ids, check)
+        # The supervisor's own objects never change: their floating-point variables (a
+        # float global step, say) are found once, and each save walks the user's alone.
+        own = [o for obj in self.ours.values() for o in tf.train.TrackableView(obj).descendants()]
+        self._own_floats = _floats(own)
 
     def _root(self, ours: Mapping[str, Any]) -> tf.train.Checkpoint:
         import tensorflow as tf
@@ -161,18 +165,28 @@ class SavedRoot:
         return None if self._finite is None else self._finite[0]
 
     def float_variables(self) -> list[Any]:
-        """The floating-point variables a save writes now (each once)."""
+        """The floating-point variables a save writes now (each once): the user's, walked
+        again (an attribute set, an optimizer built, changes them), then the supervisor's."""
         import tensorflow as tf
 
-        found, seen = [], set()
-        for obj in tf.train.TrackableView(self.checkpoint).descendants():
-            # A Keras 3 variable holds its tf.Variable in `.value`.
-            variable = obj if isinstance(obj, tf.Variable) else _value_of(obj)
-            if isinstance(variable, tf.Variable) and variable.dtype.is_floating:
-                if id(variable) not in seen:
-                    seen.add(id(variable))
-                    found.append(variable)
-        return found
+        found = _floats(tf.train.TrackableView(self.user).descendants())
+        seen = {id(v) for v in found}
+        return found + [v for v in self._own_floats if id(v) not in seen]
+
+
+def _floats(objects: Iterable[Any]) -> list[Any]:
+    """The floating-point ``tf.Variable``s among ``objects``, each once, in order."""
+    import tensorflow as tf
+
+    found, seen = [], set()
+    for obj in objects:
+        # A Keras 3 variable holds its tf.Variable in `.value`.
+        variable = obj if isinstance(obj, tf.Variable) else _value_of(obj)
+        if isinstance(variable, tf.Variable) and variable.dtype.is_floating:
+            if id(variable) not in seen:
+                seen.add(id(variable))
+                found.append(variable)
+    return found
 
 
 def _all_finite(variables: list[Any]) -> Any:
@@ -181,7 +195,8 @@ def _all_finite(variables: list[Any]) -> Any:
     def all_finite() -> Any:
         return tf.reduce_all(tf.stack([tf.reduce_all(tf.math.is_finite(v)) for v in variables]))
 
-    return tf.function(all_finite, autograph=False)
+    # Its concrete function, called directly: a save pays no look-up of the trace.
+    return tf.function(all_finite, autograph=False).get_concrete_function()
 
 
 def _value_of(obj: Any) -> Any:

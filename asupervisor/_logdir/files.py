@@ -102,14 +102,15 @@ def checkpoint_bytes(store: Store, prefix: str, names: Collection[str] | None = 
     return total
 
 
-def delete_checkpoint(store: Store, name: str) -> bool:
+def delete_checkpoint(store: Store, name: str, names: Collection[str] | None = None) -> bool:
     """Remove the files of the checkpoint ``name``; whether all of them went (one that
     cannot be removed is logged, and the others are still tried).
 
     The index first: a kill in between leaves a data file no index names (removed at the
-    chief's next start), never an index whose data is gone."""
+    chief's next start), never an index whose data is gone. ``names``: the logdir's
+    listing, when the caller has one."""
     removed = True
-    for file in sorted(store.files_of(name), key=lambda n: not n.endswith(".index")):
+    for file in sorted(store.files_of(name, names), key=lambda n: not n.endswith(".index")):
         try:
             store.remove(file)
         except OSError as exc:

@@ -60,10 +60,11 @@ def _read(store: Store, name: str) -> dict[str, object] | None:
     return data if isinstance(data, dict) else None
 
 
-def leased(store: Store) -> set[str]:
-    """The checkpoint names that unexpired leases hold (damaged leases name nothing)."""
+def leased(store: Store, listing: list[str] | None = None) -> set[str]:
+    """The checkpoint names that unexpired leases hold (damaged leases name nothing);
+    ``listing``: the logdir's, when the caller has just made one."""
     now, names = time.time(), set()
-    for name in store.names():
+    for name in store.names() if listing is None else listing:
         if not name.startswith(PREFIX) or "." in name[len(PREFIX) :]:  # a write's temp file
             continue
         lease = _read(store, name)
@@ -118,10 +119,10 @@ def _registration(store: Store, name: str, reader: str) -> Registration | None:
         return None
 
 
-def registrations(store: Store) -> list[Registration]:
-    """The unexpired registrations of evaluators."""
+def registrations(store: Store, listing: list[str] | None = None) -> list[Registration]:
+    """The unexpired registrations of evaluators (``listing``: as ``leased``)."""
     now, found = time.time(), []
-    for name in store.names():
+    for name in store.names() if listing is None else listing:
         reader = name[len(REGISTRATION) :]
         if name.startswith(REGISTRATION) and "." not in reader and store.kind(name) == "file":
             entry = _registration(store, name, reader)

@@ -214,11 +214,12 @@ class Retention:
         self.rules = tuple(rules)
 
     def facts(self, history: History) -> Facts:
-        evaluators = tuple(registrations(self.store))
+        listing = self.store.names()  # one listing for the leases and the registrations
+        evaluators = tuple(registrations(self.store, listing))
         need_results = evaluators or any(isinstance(r, KeepBest) for r in self.rules)
         return Facts(
             history=history,
-            leased=frozenset(leased(self.store)),
+            leased=frozenset(leased(self.store, listing)),
             results=read_results(self.store.root) if need_results else {},
             evaluators=evaluators,
         )
@@ -259,9 +260,10 @@ class Retention:
     def _after_let_go(self, catalog: Catalog, gone: list[int]) -> list[str]:
         """Once the history that lets ``gone`` go is written: the leased ones go back on
         the list, the files of the rest are deleted."""
+        listing = self.store.names()  # made after the write: the leases' protocol
         if gone:
-            self._relist_leased(catalog, gone)
-        return self._delete_gone(catalog.history)
+            self._relist_leased(catalog, gone, listing)
+        return self._delete_gone(catalog.history, listing)
 
     def _let_go(self, history: History, keep: set[int]) -> LetGo:
         """TF's rule for each listed commit no rule keeps, oldest first: kept on disk,
@@ -283,26 +285,27 @@ class Retention:
                 gone.append(commit.seq)
         return LetGo(preserved, gone, last)
 
-    def _relist_leased(self, catalog: Catalog, gone: list[int]) -> None:
+    def _relist_leased(self, catalog: Catalog, gone: list[int], listing: list[str]) -> None:
         """Leases read again *after* the state file stopped listing ``gone``: a reader
         writes its lease, then checks that its checkpoint is still committed, so one that
         saw it committed has a lease this read sees. Those go back on the list (a later
         sweep lets them go once the lease is gone)."""
-        held = leased(self.store)
+        held = leased(self.store, listing)
         back = [seq for seq in gone if (c := catalog.history.commit(seq)) and c.name in held]
         if back:
             catalog.relist(back)
 
-    def _delete_gone(self, history: History) -> list[str]:
+    def _delete_gone(self, history: History, listing: list[str]) -> list[str]:
         """The files of every commit the history calls gone that are still on disk (this
-        sweep's, and those a kill in the middle of an earlier one left)."""
-        on_disk = set(self.store.names())
+        sweep's, and those a kill in the middle of an earlier one left); ``listing``: the
+        logdir's, made after the history that calls them gone was written."""
+        on_disk = set(listing)
         standing = {c.name for c in history.committed()}
         deleted = []
         for commit in history.commits:
             if commit.kept != "gone" or commit.foreign or commit.name in standing:
                 continue
             if commit.name + ".index" in on_disk:
-                delete_checkpoint(self.store, commit.name)  # what fails is left, logged
+                delete_checkpoint(self.store, commit.name, on_disk)  # failures: left, logged
                 deleted.append(commit.name)
         return deleted

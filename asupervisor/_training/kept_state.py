@@ -101,6 +101,7 @@ class KeptState:
         self.module = module
         self.saved: dict[str, dict[str, Any]] = {}  # by kind, as the checkpoint has it
         self._live: dict[str, dict[str, Any]] = {}  # kind → key → object, what saves read
+        self._synced: str | None = None  # the text the last sync assigned (None: unknown)
 
     def track(self, kind: str, objects: Iterable[Any], keys: Iterable[str]) -> None:
         """These objects' states are kept under ``kind`` from now on."""
@@ -117,10 +118,14 @@ class KeptState:
                 state = state_of(obj)
                 if state is not None:
                     now.setdefault(kind, {})[key] = state
-        self.module.json.assign(json.dumps(now))
+        text = json.dumps(now)
+        if text != self._synced:  # unchanged since the last save: no eager assign
+            self.module.json.assign(text)
+            self._synced = text
 
     def reload(self) -> None:
         """After a restore: what the checkpoint holds."""
+        self._synced = None  # the restore wrote the variable
         try:
             loaded = json.loads(self.module.json.numpy().decode() or "{}")
         except ValueError:

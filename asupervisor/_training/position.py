@@ -49,6 +49,7 @@ class Position:
         self.logs: dict[str, Any] = {}  # the last batch's Keras logs
         self.reader = Reader()  # the iterator read at this position, and its state
         self._counting = False
+        self._synced = Synced()
 
     # -- what the checkpoint holds ---------------------------------------------------
 
@@ -58,16 +59,17 @@ class Position:
 
     def sync(self) -> None:
         """Training thread, before a save: the position goes into the checkpoint."""
-        self.module.epoch.assign(self.epoch)
-        self.module.batch.assign(self.batch)
-        fit = self.fit_module
-        fit.epoch_batches.assign(self.epoch_batches)
-        fit.stopped.assign(int(self.stopped))
-        fit.logs.assign(json.dumps(_numbers(self.logs)))
+        fit, synced = self.fit_module, self._synced
+        synced.assign(self.module.epoch, self.epoch)
+        synced.assign(self.module.batch, self.batch)
+        synced.assign(fit.epoch_batches, self.epoch_batches)
+        synced.assign(fit.stopped, int(self.stopped))
+        synced.assign(fit.logs, json.dumps(_numbers(self.logs)))
         self.reader.sync((self.epoch, self.batch))
 
     def reload(self) -> None:
         """Training thread, after a restore (or a fresh start): what the checkpoint holds."""
+        self._synced.forget()  # the restore wrote the variables
         self.epoch = int(self.module.epoch.numpy())
         self.batch = int(self.module.batch.numpy())
         fit = self.fit_module
@@ -149,3 +151,23 @@ def is_one_shot(data: Any) -> bool:
     """Whether ``data`` is an iterator (a generator, ``iter(dataset)``): it runs out once,
     so it cannot be iterated again for the next epoch."""
     return isinstance(data, collections.abc.Iterator)
+
+
+class Synced:
+    """What the last save's sync assigned to each variable, so that the next one assigns
+    only what changed: a save of a run whose position did not move pays no eager assign
+    for it. ``forget`` after a restore, which writes the variables behind its back."""
+
+    def __init__(self) -> None:
+        self._values: dict[int, Any] = {}
+
+    def assign(self, variable: Any, value: Any) -> None:
+        key = id(variable)
+        if key in self._values and type(self._values[key]) is type(value):
+            if self._values[key] == value:
+                return
+        variable.assign(value)
+        self._values[key] = value
+
+    def forget(self) -> None:
+        self._values.clear()

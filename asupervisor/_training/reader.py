@@ -154,6 +154,7 @@ class Reader:
         self._told: set[str] = set()  # what has been logged once
         self._why = ""  # why the last state restored did not fit (for the fallback's log)
         self._iterations: dict[int, int] = {}  # iterators made of one dataset (_catch_up)
+        self._synced: str | None = None  # "": the last sync assigned no state (None: unknown)
 
     # -- reading ---------------------------------------------------------------------
 
@@ -338,8 +339,10 @@ class Reader:
         opened = self.current
         saved = self._taken(opened) if opened is not None else self.kept
         if saved is None:
-            self.module.meta.assign("")
-            self.module.state.assign(_no_state())
+            if self._synced != "":  # no iterator at the last save either: nothing to assign
+                self.module.meta.assign("")
+                self.module.state.assign(_no_state())
+                self._synced = ""
             return
         meta = {
             "format": FORMAT,
@@ -353,6 +356,7 @@ class Reader:
         }
         self.module.meta.assign(json.dumps(meta))
         self.module.state.assign(saved.state if saved.state is not None else _no_state())
+        self._synced = None  # a state is assigned at every save that has one
 
     def _taken(self, opened: Opened) -> Saved:
         """The state of ``opened`` now, or why there is none."""
@@ -373,6 +377,7 @@ class Reader:
     def reload(self, position: tuple[int, int]) -> None:
         """After a restore (or a fresh start): the state the checkpoint holds is kept for
         the next ``open``; the iterator open now is of the state restored over."""
+        self._synced = None  # the restore wrote the variables
         self._drop()
         self.kept = None
         self._why = ""
