@@ -145,3 +145,21 @@ async def test_one_failed_write_is_retried_at_the_next_trigger(logdir: str, pair
     steps = sorted(int(p.name.split("-")[1].split(".")[0]) for p in Path(logdir).glob("*.index"))
     assert steps == [0, 2, 6, 8]
     assert sess.stop_reason == "requested"
+
+
+async def test_a_snapshot_under_a_strategy_holds_the_values_of_its_step_not_of_the_write(
+    tmp_path: Path,
+) -> None:
+    """Under a distribution strategy TensorFlow describes a variable to save by a function
+    that reads it when the file is written. The snapshot reads it at once: a background
+    write that lands after the next step still holds the snapshot's step."""
+    from asupervisor._checkpointing.async_save import take_snapshot, write_snapshot
+
+    with tf.distribute.MirroredStrategy(["/cpu:0"]).scope():
+        weight = tf.Variable(0.0)
+    snapshot = take_snapshot(tf.train.Checkpoint(weight=weight))
+    weight.assign_add(1.0)  # the next step, before the writer gets to the snapshot
+    write_snapshot(snapshot, str(tmp_path / "ckpt"))
+    assert (
+        tf.train.load_variable(str(tmp_path / "ckpt"), "weight/.ATTRIBUTES/VARIABLE_VALUE") == 0.0
+    )

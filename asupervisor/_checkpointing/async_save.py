@@ -23,18 +23,32 @@ Snapshot = tuple[dict[Any, Any], dict[Any, Any]]
 
 def take_snapshot(checkpoint: Any) -> Snapshot:
     """On the training thread: the checkpoint's values as tensors that later steps cannot change."""
-    from tensorflow.python.checkpoint import tensor_callable
-
     tensors, _, registered_savers, _ = checkpoint._saver._gather_serialized_tensors(None)
     for entries in tensors.values():
         for key, value in list(entries.items()):
-            if isinstance(value, tensor_callable.Callable):
-                entries[key] = value.tensor  # read now, not when the writer gets to it
-            elif isinstance(value, dict):
+            if isinstance(value, dict):
                 for spec, part in list(value.items()):
-                    if isinstance(part, tensor_callable.Callable):
-                        value[spec] = part.tensor
+                    value[spec] = _read_now(part)
+            else:
+                entries[key] = _read_now(value)
     return tensors, registered_savers
+
+
+def _read_now(value: Any) -> Any:
+    """The value read now, not when the writer gets to it: a ``Callable`` reads when
+    called, and a ``SaveSpec`` (what a variable under a multi-worker strategy gives)
+    holds a function that reads the variable when the file is written, so a write that
+    lands after the next step would hold that step's weights."""
+    from tensorflow.python.checkpoint import tensor_callable
+    from tensorflow.python.training.saving import saveable_object
+
+    if isinstance(value, tensor_callable.Callable):
+        return value.tensor
+    if isinstance(value, saveable_object.SaveSpec):
+        return saveable_object.SaveSpec(
+            value.tensor, value.slice_spec, value.name, dtype=value.dtype, device=value.device
+        )
+    return value
 
 
 def write_snapshot(snapshot: Snapshot, prefix: str) -> None:
