@@ -281,11 +281,17 @@ def copy_in(offer: str, directory: str) -> str | None:
     store = Store(directory)
     path = store.path(wanted["name"])
     try:
-        if files_problem(store, path) is not None:
+        if files_problem(store, path) is not None or not _shards_whole(store, wanted["name"]):
             return None
         return path if _index_digest(path) == wanted["index_sha256"] else None
-    except OSError:
+    except (OSError, ValueError):
         return None
+
+
+def _shards_whole(store: Store, name: str) -> bool:
+    """Every data file its name promises (``.data-00000-of-00002`` and the rest) is there."""
+    shards = [f for f in store.files_of(name) if ".data-" in f]
+    return bool(shards) and len(shards) == int(shards[0].rsplit("-of-", 1)[1])
 
 
 def _index_digest(path: str) -> str:
