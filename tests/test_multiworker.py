@@ -435,18 +435,19 @@ LOCAL_TIER_JOB = """
     own = chiefs.path + ("-another-host" if attempt == 2 and rank == 1 else "")
     tier = asv.LocalTier(own, save_secs=None, save_steps=5, mirror_every=2)
 
-    def steps(directory):
+    def head(directory):
         catalog = Catalog(Store(directory), "model.ckpt", writer=False)
         catalog.load()
-        return [c.step for c in catalog.history.committed()]
+        commit = catalog.history.head_commit()
+        return -1 if commit is None else commit.step
 
     def kill_when_only_local(step):
-        # The chief, once its local tier's head is `step` and the logdir has a copy older
-        # than it (the lockstep holds worker 1 meanwhile).
+        # The chief, once its local tier's head is `step` and the logdir's is older (the
+        # lockstep holds worker 1 meanwhile).
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
-            local, logged = steps(tier.tier_dir(logdir)), steps(logdir)
-            if local and local[-1] == step and logged and logged[-1] < step:
+            local, logged = head(tier.tier_dir(logdir)), head(logdir)
+            if local == step and 0 <= logged < step:
                 os.kill(os.getpid(), signal.SIGKILL)
             time.sleep(0.05)
         say(f"not killed: local {local} logdir {logged}")
