@@ -104,7 +104,7 @@ class Supervisor:
         self.keep_best = _check_keep_best(keep_best, self.async_checkpoint, self.logdir)
         self.on_divergence = _check_divergence(on_divergence)
         self.heartbeat_secs = check.non_negative("heartbeat_secs", heartbeat_secs)
-        self.local_tier = _check_local_tier(local_tier, self.logdir, self.keep_best, self.role)
+        self.local_tier = _check_local_tier(local_tier, self.logdir, self.keep_best)
         self.global_step, self.owns_global_step = _make_global_step(global_step)
         # The user's checkpoint object, read at each save (what it holds *then* is saved).
         self.checkpoint = user_checkpoint(checkpoint, self.global_step)
@@ -397,7 +397,7 @@ def _check_keep_best(keep_best: Any, async_checkpoint: bool, logdir: str | None)
 
 
 def _check_local_tier(
-    tier: Any, logdir: str | None, keep_best: KeepBest | None, role: Role | None
+    tier: Any, logdir: str | None, keep_best: KeepBest | None
 ) -> LocalTier | None:
     """The local tier given, else the one ``asupervisor run --local-dir`` asks of its
     children (``ASUPERVISOR_LOCAL_DIR``); ``None`` where it cannot serve."""
@@ -422,15 +422,9 @@ def _check_local_tier(
                 "are written in the background, committed steps later"
             )
         return None
-    if role is not None:
-        # Every worker takes part in each save of a multi-worker job, and the chief's
-        # choice is restored by all: only a checkpoint every worker can read serves.
-        if given:
-            raise ValueError(
-                "local_tier is for a job of one process: in a multi-worker job every "
-                "worker restores the chief's choice, which must be in the logdir"
-            )
-        return None
+    # In a multi-worker job every worker keeps the tier: its intervals are the job's (the
+    # saves are taken together), and a non-chief looks for the chief's local commit in its
+    # own tier when the job agrees on its restore (_session/startup.py).
     return chosen
 
 

@@ -238,6 +238,36 @@ async def test_a_restore_takes_the_logdir_when_another_host_went_further(
 
 
 @pytest.mark.asyncio
+async def test_another_worker_reads_the_chiefs_local_commit_only_if_its_own_tier_holds_the_same(
+    logdir: str, tmp_path: Path
+) -> None:
+    """What a multi-worker job's restore agreement asks each worker (the job itself:
+    tests/test_multiworker.py): the chief's local commit, by name and the digest of its
+    index, looked for in the worker's own local tier."""
+    from asupervisor._checkpointing.local import copy_in, offer_of
+
+    local, elsewhere = str(tmp_path / "local"), str(tmp_path / "elsewhere")
+    await train(tiered(logdir, Pair(), local, mirror_every=100), 4)
+    here = LocalTier(local).tier_dir(logdir)
+    name = commits(here)[-1][0]
+    offer = offer_of(os.path.join(here, name))
+    assert copy_in(offer, here) == os.path.join(here, name)  # the chief's host
+    other = LocalTier(elsewhere).tier_dir(logdir)
+    assert copy_in(offer, other) is None  # another host: its tier lacks it
+    os.makedirs(other)
+    for file in os.listdir(here):  # a directory every host shares: the same files
+        if file.startswith(name + "."):
+            shutil.copy(os.path.join(here, file), other)
+    assert copy_in(offer, other) == os.path.join(other, name)
+    older = commits(here)[-2][0]  # the same name over other bytes: a stale checkpoint
+    shutil.copy(os.path.join(here, older + ".index"), os.path.join(other, name + ".index"))
+    assert copy_in(offer, other) is None
+    shutil.copy(os.path.join(here, name + ".index"), other)
+    os.remove(os.path.join(other, name + ".data-00000-of-00001"))  # not whole
+    assert copy_in(offer, other) is None
+
+
+@pytest.mark.asyncio
 async def test_a_rollback_with_a_local_tier_goes_back_in_both_tiers(
     logdir: str, tmp_path: Path, events: list[dict[str, Any]]
 ) -> None:

@@ -8,6 +8,7 @@ import re
 import signal
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -225,6 +226,7 @@ def test_sigkill_of_a_worker_ends_the_other_cleanly_and_the_job_resumes(
 
 FIT_IN_A_JOB = """
 import sys
+import textwrap
 
 import anyio
 import keras
@@ -284,6 +286,7 @@ def test_fit_in_a_multi_worker_job_is_refused_before_any_batch(
 
 STEP_BY_TWO = """
 import sys
+import textwrap
 
 import anyio
 import tensorflow as tf
@@ -353,6 +356,7 @@ def test_an_agreed_stop_with_any_reason_is_taken_by_steps_that_advance_by_two(
 
 PROPOSAL_TO_A_DEAD_WORKER = """
 import sys
+import textwrap
 import time
 
 import tensorflow as tf
@@ -403,3 +407,125 @@ def Popen(script: str, env: dict[str, str]) -> forked.Popen:
         text=True,
         env=env,
     )
+
+
+# Two workers under `asupervisor run --workers 2 --local-dir`: local saves every 5 steps
+# (and at step 0), every 2nd copied to the logdir (0 no, 5 yes, 10 no). The chief SIGKILLs
+# itself, twice, once its local tier holds step 10 and the logdir does not. In attempt 2
+# worker 1 is given a local tier of its own, as a worker on another host has.
+LOCAL_TIER_JOB = """
+    import json, os, signal, sys, time
+    import anyio, tensorflow as tf
+    import asupervisor as asv
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.store import Store
+    from asupervisor.hooks import StopAtStepHook
+
+    strategy = tf.distribute.MultiWorkerMirroredStrategy()
+    with strategy.scope():  # MEAN: each update is an all-reduce, so the workers go in lockstep
+        w = tf.Variable(0.0, aggregation=tf.VariableAggregation.MEAN)
+
+    @tf.function
+    def step():
+        strategy.run(lambda: w.assign_add(1.0))
+
+    logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
+    rank = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+    chiefs = asv.LocalTier(os.environ["ASUPERVISOR_LOCAL_DIR"])
+    own = chiefs.path + ("-another-host" if attempt == 2 and rank == 1 else "")
+    tier = asv.LocalTier(own, save_secs=None, save_steps=5, mirror_every=2)
+
+    def head(directory):
+        catalog = Catalog(Store(directory), "model.ckpt", writer=False)
+        catalog.load()
+        commit = catalog.history.head_commit()
+        return -1 if commit is None else commit.step
+
+    def kill_when_only_local(step):
+        # The chief, once its local tier's head is `step` and the logdir's is older (the
+        # lockstep holds worker 1 meanwhile).
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            local, logged = head(tier.tier_dir(logdir)), head(logdir)
+            if local == step and 0 <= logged < step:
+                os.kill(os.getpid(), signal.SIGKILL)
+            time.sleep(0.05)
+        say(f"not killed: local {local} logdir {logged}")
+
+    def say(line):  # one write: the two workers share the pipe
+        os.write(1, (line + "\\n").encode())
+
+    async def main() -> None:
+        sv = asv.Supervisor(
+            logdir, checkpoint={"w": w}, strategy=strategy, is_chief=None, local_tier=tier,
+            save_summaries_secs=0, heartbeat_secs=0.2, stop_grace_secs=30,
+            hooks=[StopAtStepHook(last_step=30)],
+        )
+        async with sv.session() as sess:
+            report = sess.restore_report
+            say(f"attempt {attempt} worker {rank} restored {report.step} tier {report.tier} "
+                f"w {float(w.numpy()):.0f}")
+            while not sess.should_stop():
+                await sess.run(step)
+                if rank == 0 and attempt < 3 and sess.global_step == 11:
+                    await anyio.to_thread.run_sync(kill_when_only_local, 10)
+        say(f"worker {rank} stopped {sess.global_step} {sess.stop_reason}")
+
+    sys.exit(asv.run(main))
+"""
+
+
+def test_a_local_commit_counts_for_the_agreed_restore_only_where_every_worker_reads_it(
+    tmp_path: Path, scratch: Path
+) -> None:
+    from asupervisor._checkpointing.tiers import tier_name
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.store import Store
+
+    logdir, local = tmp_path / "run", tmp_path / "local"
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(LOCAL_TIER_JOB))
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch),
+           "PYTHONPATH": str(ROOT)}  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-m", "asupervisor", "run", "--standby", "--workers", "2",
+         "--backoff", "0", "--logdir", str(logdir), "--local-dir", str(local), "--",
+         sys.executable, str(script), str(logdir)],
+        capture_output=True, text=True, timeout=400, env=env,
+    )  # fmt: skip
+    output = done.stdout + done.stderr[-4000:]
+    assert done.returncode == 0, output
+    starts = re.findall(r"attempt (\d) worker (\d) restored (\d+) tier (\w+) w (\d+)", done.stdout)
+    by_attempt: dict[int, set[tuple[int, str, int]]] = {}
+    for attempt, _, step, tier, w in starts:
+        by_attempt.setdefault(int(attempt), set()).add((int(step), tier, int(w)))
+    # Every worker restores one checkpoint at every start (the same step, the same values).
+    assert sorted(by_attempt) == [1, 2, 3] and len(starts) == 6, output
+    assert all(len(found) == 1 for found in by_attempt.values()), by_attempt
+    ((first,), (second,), (third,)) = (by_attempt[a] for a in (1, 2, 3))
+    assert first == (0, "None", 0)
+    # Attempt 2: the chief's host held step 10 (local only), worker 1 another local tier:
+    # both restored the logdir's newest copy, 5.
+    assert second == (5, "store", 5), by_attempt
+    # Attempt 3: both read the chief's local tier: its newest commit, 10 (local only).
+    assert third == (10, "local", 10), by_attempt
+    stops = set(re.findall(r"worker \d stopped (\d+) (\w+)", done.stdout))
+    assert stops == {("30", "step_limit")}, output
+
+    tier = Catalog(Store(str(local / tier_name(str(logdir)))), "model.ckpt", writer=False)
+    tier.load()
+    # The local 10 of attempt 1 was set aside (abandoned) in attempt 2, never copied; the
+    # local 10 of attempt 2, restored by both in attempt 3, was.
+    (set_aside,) = tier.history.rollbacks
+    assert "not every worker" in set_aside.reason
+    abandoned = {c.name for c in tier.history.abandoned()}
+    logged = Catalog(Store(str(logdir)), "model.ckpt", writer=False)
+    logged.load()
+    copies = {c.name: c.step for c in logged.history.committed()}
+    assert len(abandoned) == 1 and not abandoned & set(copies), (abandoned, copies)
+    assert sorted(copies.values())[:2] == [5, 10] and max(copies.values()) == 30, copies
+    sessions = _ledger.sessions(_ledger.read(Store(str(logdir))))
+    assert [(s.restored_step, s.restored_tier) for s in sessions] == [
+        (0, None), (5, "store"), (10, "local"),
+    ], sessions  # fmt: skip

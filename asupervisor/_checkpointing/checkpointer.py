@@ -61,6 +61,7 @@ class Checkpointer:
         lookback: int | None = None,
         provenance: Provenance | None = None,
         local: LocalTier | None = None,
+        together: bool = False,
     ) -> None:
         guard = guard or WriteGuard(None)
         self.root = root
@@ -100,9 +101,11 @@ class Checkpointer:
                 durable=durable,
                 on_fatal=on_fatal,
                 provenance=provenance,
+                together=together,
             )
             self.writer = self.tiers.writer
         self._last_restorer = self.restorer
+        self._read_tier: Tier | None = None  # the tier of a path restored as told (restore)
 
     # -- what the session's other parts read -------------------------------------------
 
@@ -150,7 +153,7 @@ class Checkpointer:
 
     @property
     def restored_tier(self) -> Tier | None:
-        return None if self.tiers is None else self.tiers.source
+        return self._read_tier if self.tiers is None else self.tiers.source
 
     def settle_mirror(self, timeout: float) -> None:
         """A rollback: the logdir gets what the mirror has (within ``timeout``); what is
@@ -189,16 +192,22 @@ class Checkpointer:
 
     # -- restoring -----------------------------------------------------------------------
 
-    def restore_newest(self) -> tuple[str | None, list[tuple[str, str]]]:
+    def restore_newest(
+        self, shared: Callable[[str], bool] | None = None
+    ) -> tuple[str | None, list[tuple[str, str]]]:
+        """Restore the newest checkpoint that reads back whole (of either tier); with a
+        local tier, ``shared`` says whether a local one counts (see ``TwoTiers``)."""
         if self.tiers is not None:
-            found = self.tiers.restore_newest(self.restorer)
+            found = self.tiers.restore_newest(self.restorer, shared)
             local = self.tiers.source == "local"
             self._last_restorer = self.tiers.restorer if local else self.restorer
             return found
         return self.restorer.restore_newest()
 
-    def restore(self, path: str) -> None:
+    def restore(self, path: str, tier: Tier | None = None) -> None:
+        """Restore ``path`` (another worker's choice, of tier ``tier``)."""
         self._last_restorer = self.restorer
+        self._read_tier = tier
         self.restorer.restore(path)
 
     def restored(self, path: str) -> None:

@@ -10,17 +10,22 @@ A restore (``TwoTiers.restore_newest``) takes the local tier first when its newe
 is at least as new as the logdir's head and no rollback of the logdir abandoned it, then
 falls back to the logdir as a session without a local tier would; it says which tier it
 read (``source``). After a local restore, a commit the logdir lacks is offered to the
-mirror.
+mirror. In a multi-worker job a local commit counts only if every worker reads it too
+(``shared``, asked by the job's restore agreement: ``_session/startup.py``); otherwise the
+logdir's is restored and the local commits after it are set aside.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, Literal
 
 from .._log import log
 from .._logdir.catalog import Catalog
-from .._logdir.files import remove_unfinished
+from .._logdir.files import files_problem, remove_unfinished
 from .._logdir.history import History, Provenance, index_names, mtime_of
 from .._logdir.lock import LogdirLock, WriteGuard
 from .._logdir.records import Record
@@ -70,14 +75,24 @@ class LocalWriter(Writer):
     """Writes the session's saves into the local tier, in the background; each commit
     is offered to the mirror."""
 
-    def __init__(self, *args: Any, mirror: Mirror, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, mirror: Mirror, together: bool = False, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self.mirror = mirror
+        # In a multi-worker job every worker takes part in each save: one skipped here
+        # alone would leave the others in its collectives. The chief proposes no timed
+        # save while a write runs instead (SessionCheckpoints.timed_save); a save agreed
+        # or due by steps waits for the write in flight.
+        self.together = together
+
+    @property
+    def busy(self) -> bool:
+        """Whether a local write is in flight."""
+        writer = self._writer
+        return writer is not None and writer.is_alive()
 
     def save(self, step: int, record: Record, **kwargs: Any) -> str | None:
-        writer = self._writer
-        busy = writer is not None and writer.is_alive()
-        if busy and not kwargs.get("final") and not kwargs.get("force"):
+        final_or_forced = kwargs.get("final") or kwargs.get("force")
+        if self.busy and not final_or_forced and not self.together:
             # One write in flight: a timed save while it runs is skipped, not queued
             # (the next one comes at the next interval).
             log.debug("checkpoint.local_skipped", step=step, writing=self.writing)
@@ -111,6 +126,7 @@ class TwoTiers:
         durable: bool,
         on_fatal: Any,
         provenance: Provenance | None,
+        together: bool = False,
     ) -> None:
         self.tier = tier
         self.directory = tier.tier_dir(logdir)
@@ -143,6 +159,7 @@ class TwoTiers:
             durable=durable,
             on_fatal=on_fatal,
             mirror=self.mirror,
+            together=together,
         )
         self.source: Tier | None = None  # the tier the last restore read
 
@@ -166,26 +183,46 @@ class TwoTiers:
     def _abandoned(self) -> set[str]:
         return {c.name for c in self.remote.history.abandoned()}
 
-    def restore_newest(self, remote: Restorer) -> tuple[str | None, list[tuple[str, str]]]:
+    def restore_newest(
+        self, remote: Restorer, shared: Callable[[str], bool] | None = None
+    ) -> tuple[str | None, list[tuple[str, str]]]:
         """The local tier's newest checkpoint that reads back whole, when it is at least
-        as new as the logdir's head; else the logdir's (as without a local tier)."""
+        as new as the logdir's head; else the logdir's (as without a local tier).
+
+        ``shared`` (a multi-worker job): asked of the local checkpoint restored, whether
+        every worker reads it too; if not, the logdir's is restored, and the local
+        commits newer than it are set aside (never restored, never copied)."""
         head = self.remote.history.head_commit()
         newest = self._newest_local()
         skipped: list[tuple[str, str]] = []
+        set_aside = False  # a local commit was restored that not every worker reads
         if newest is not None and (head is None or newest >= head.time):
             path, skipped = self.restorer.restore_newest()
             commit = None if path is None else self.catalog.history.by_name(os.path.basename(path))
             if (
-                commit is not None
+                path is not None
+                and commit is not None
                 and commit.name not in self._abandoned()
                 and (head is None or commit.time >= head.time)
             ):
-                self.source = "local"
-                self._catch_up(commit.name)
-                return path, skipped
+                if shared is None or shared(path):
+                    self.source = "local"
+                    self._catch_up(commit.name)
+                    return path, skipped
+                set_aside = True
         path, more = remote.restore_newest()
         self.source = None if path is None else "store"
+        if set_aside:
+            self._set_aside(None if path is None else os.path.basename(path))
         return path, [*skipped, *more]
+
+    def _set_aside(self, name: str | None) -> None:
+        """The job restored the logdir's ``name`` (or nothing) past a local commit not
+        every worker could read: the local tier's history goes back to ``name`` (or
+        abandons all it holds), so that the commits after it are neither restored nor
+        copied, and the next local commits descend from what was restored."""
+        self.mirror.drop_pending()
+        self.rolled_back(name, reason="not every worker of the job reads the local tier")
 
     def _catch_up(self, name: str) -> None:
         """After a local restore: the logdir gets the commit restored if it lacks it."""
@@ -204,15 +241,16 @@ class TwoTiers:
         if head is not None and (have is None or not have.on_disk):
             self.mirror.offer(head.name, record_of(head))
 
-    def rolled_back(self, name: str) -> None:
+    def rolled_back(self, name: str | None, reason: str | None = None) -> None:
         """The logdir's history went back to ``name``: the local tier's goes back to it
         too, or, without it, abandons every commit it holds."""
         history = self.catalog.history
-        target = history.by_name(name)
+        target = None if name is None else history.by_name(name)
         if target is None and not history.line():
             return
         to = target.seq if target is not None else 0
-        self.catalog.roll_back(to, kind="divergence", reason=f"the logdir rolled back to {name}")
+        why = reason or f"the logdir rolled back to {name}"
+        self.catalog.roll_back(to, kind="divergence", reason=why)
 
     def path_of(self, name: str) -> str | None:
         """The local copy of ``name`` if the local tier holds it committed, else ``None``."""
@@ -223,3 +261,39 @@ class TwoTiers:
 
     def history(self) -> History:
         return self.catalog.history
+
+
+# -- a local commit another worker of the job may read ---------------------------------
+
+
+def offer_of(path: str) -> str:
+    """What the chief asks of the other workers about its local checkpoint ``path``: its
+    name and the digest of its ``.index`` (which holds every tensor's checksum, so equal
+    digests mean the same checkpoint), as JSON."""
+    return json.dumps({"name": os.path.basename(path), "index_sha256": _index_digest(path)})
+
+
+def copy_in(offer: str, directory: str) -> str | None:
+    """The checkpoint ``offer`` (``offer_of``) in ``directory``, if it is there whole and
+    the same: its path; else ``None`` (another host's local tier, another directory, a
+    stale checkpoint of the same name)."""
+    wanted = json.loads(offer)
+    store = Store(directory)
+    path = store.path(wanted["name"])
+    try:
+        if files_problem(store, path) is not None or not _shards_whole(store, wanted["name"]):
+            return None
+        return path if _index_digest(path) == wanted["index_sha256"] else None
+    except (OSError, ValueError):
+        return None
+
+
+def _shards_whole(store: Store, name: str) -> bool:
+    """Every data file its name promises (``.data-00000-of-00002`` and the rest) is there."""
+    shards = [f for f in store.files_of(name) if ".data-" in f]
+    return bool(shards) and len(shards) == int(shards[0].rsplit("-of-", 1)[1])
+
+
+def _index_digest(path: str) -> str:
+    with open(path + ".index", "rb") as file:  # a local tier is a path on the host
+        return hashlib.sha256(file.read()).hexdigest()

@@ -190,8 +190,21 @@ class SessionCheckpoints:
 
         if self.agreement is None:
             self.save()
-        elif not self.flag.stopped:
+        elif not self.flag.stopped and not self._local_write_running():
             self.agreement.propose(DecisionKind.SAVE, "timer", self.step.value)
+
+    def _local_write_running(self) -> bool:
+        """A local write of the chief's is in flight: a timed save now is skipped, as on
+        one worker (the next interval saves), by not proposing it; every worker would
+        take part in it, and the chief's write would hold them all."""
+        checkpointer = self.checkpointer
+        tiers = None if checkpointer is None else checkpointer.tiers
+        if tiers is not None and tiers.writer.busy:
+            log.debug(
+                "checkpoint.local_skipped", step=self.step.value, writing=tiers.writer.writing
+            )
+            return True
+        return False
 
     def call_after_save(self, step: int, path: str) -> None:
         for hook in self.sv.hooks:

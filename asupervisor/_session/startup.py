@@ -12,6 +12,7 @@ return what they found.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 import anyio
 
 from .._checkpointing.checkpointer import Checkpointer, RestoreReport
+from .._checkpointing.local import copy_in, offer_of
 from .._checkpointing.scratch import ScratchCheckpointer
 from .._cluster import Agreement
 from .._errors import WaitTimeout
@@ -99,7 +101,14 @@ def _open(rt: SessionRuntime) -> Opened:
     checkpointer: Checkpointer | None = None
     if sv.logdir is not None:
         if sv.role is not None and not sv.is_chief:
-            checkpointer = ScratchCheckpointer(rt.root, sv.role.name, sv.checkpoint_basename)
+            # It saves as the chief does: in the background with a local tier (or
+            # async_checkpoint), so that both ask the same of the collectives.
+            checkpointer = ScratchCheckpointer(
+                rt.root,
+                sv.role.name,
+                sv.checkpoint_basename,
+                async_write=sv.async_checkpoint or sv.local_tier is not None,
+            )
         else:
             checkpointer = Checkpointer(
                 rt.root,
@@ -114,6 +123,7 @@ def _open(rt: SessionRuntime) -> Opened:
                 lookback=None if sv.on_divergence is None else sv.on_divergence.lookback,
                 provenance=Provenance.of_session(rt.presence.session_id),
                 local=sv.local_tier if sv.is_chief else None,
+                together=sv.role is not None,  # every worker takes part in each save
             )
     rt.events.open(rt.thread.on_thread)
     rt.events.set_default(rt.step.for_summaries())
@@ -166,19 +176,66 @@ async def _until_stop(rt: SessionRuntime, fn: Callable[..., Any], *args: Any) ->
 
 def _choose(rt: SessionRuntime, max_wait_secs: float) -> tuple[str | None, list[tuple[str, str]]]:
     """Training thread: restore the newest good checkpoint; in a multi-worker job the
-    chief chooses it and every other worker restores the same one."""
+    chief chooses it and every other worker restores the same one.
+
+    With a local tier, the chief's local commit counts only if every worker reads it in
+    its own local tier (the same files: on the chief's host, or a directory every host
+    shares); otherwise the job restores the logdir's newest."""
     checkpointer, agreement = rt.checkpointer, rt.agreement
     if checkpointer is None:
         return None, []
-    if agreement is None or agreement.role.is_chief:
-        path, skipped = checkpointer.restore_newest()
-        if agreement is not None:
-            agreement.publish("restore", path or "")
+    if agreement is None:
+        return checkpointer.restore_newest()
+    if agreement.role.is_chief:
+        asked: list[str] = []
+
+        def shared(path: str) -> bool:
+            asked.append(path)
+            return _every_worker_reads(agreement, path, max_wait_secs)
+
+        path, skipped = checkpointer.restore_newest(shared)
+        if not asked:
+            agreement.publish(OFFER, "")  # no local commit to ask about
+        choice = {"path": path or "", "tier": checkpointer.restored_tier}
+        agreement.publish("restore", json.dumps(choice))
         return path, skipped
-    chosen = agreement.read("restore", max_wait_secs) or None
+    offer = agreement.read(OFFER, max_wait_secs)
+    own = _own_copy(rt, offer)
+    if offer:
+        agreement.publish(f"{OFFER}/{agreement.role.rank}", "1" if own is not None else "0")
+    choice = json.loads(agreement.read("restore", max_wait_secs))
+    chosen, tier = choice["path"] or None, choice["tier"]
     if chosen is not None:
-        checkpointer.restore(chosen)
+        if tier == "local":  # every worker said it reads it: its own copy
+            assert own is not None, "the chief chose a local commit this worker lacks"
+            chosen = own
+        checkpointer.restore(chosen, tier)
     return chosen, []
+
+
+OFFER = "local_offer"  # the chief's local commit, asked of every worker (offer_of)
+
+
+def _every_worker_reads(agreement: Agreement, path: str, max_wait_secs: float) -> bool:
+    """Chief: whether every other worker reads the local checkpoint ``path`` restored."""
+    agreement.publish(OFFER, offer_of(path))
+    answers = [
+        agreement.read(f"{OFFER}/{rank}", max_wait_secs)
+        for rank in range(1, agreement.role.num_workers)
+    ]
+    shared = all(answer == "1" for answer in answers)
+    if not shared:
+        log.info("checkpoint.local_not_shared", path=path, workers_reading=answers.count("1") + 1)
+    return shared
+
+
+def _own_copy(rt: SessionRuntime, offer: str) -> str | None:
+    """Non-chief: the chief's local commit ``offer`` in this worker's own local tier, if
+    it is there whole, with the same bytes (else ``None``)."""
+    tier, logdir = rt.sv.local_tier, rt.sv.logdir
+    if not offer or tier is None or logdir is None:
+        return None
+    return copy_in(offer, tier.tier_dir(logdir))
 
 
 def _resume_rollback(rt: SessionRuntime, checkpointer: Checkpointer, path: str) -> None:
