@@ -145,8 +145,9 @@ def test_the_demo_killed_once_under_asupervisor_run_ends_at_its_step_limit(
     logdir = tmp_path / "digits"
     wrapper = tmp_path / "killed_once.py"
     wrapper.write_text(KILLED_ONCE)
+    # --standby, as the pages run a job: one import of TensorFlow for both attempts.
     run = Supervised(
-        "--logdir", str(logdir), "--",
+        "--logdir", str(logdir), "--standby", "--",
         sys.executable, str(wrapper), str(DEMO), "--logdir", str(logdir), "--steps", "200",
         "--save-secs", "0.01", "--eval-secs", "600",
     )  # fmt: skip
