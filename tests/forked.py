@@ -99,6 +99,14 @@ def _start(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
     env.pop(ENV_SHARED, None)
+    # TensorFlow's plain kernels, not oneDNN's, in the server and all it forks (decided at
+    # the import): for the suite's tiny models they cost about a tenth less CPU, and the
+    # library does not act in kernels. The runs the suite compares bitwise are both forked
+    # from it (or both cold, as SLURM's jobs). Cold starts (subprocess: the demo, installs,
+    # the command line, `asupervisor run`'s children, SLURM jobs) keep TensorFlow's
+    # defaults, and so its start-up noise, which their tests check stays out of the
+    # terminal.
+    env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     proc = subprocess.Popen(
         [sys.executable, str(SERVER), str(theirs.fileno()), *args],
         pass_fds=[theirs.fileno()],
