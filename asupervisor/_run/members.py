@@ -150,11 +150,31 @@ def _group(
     ends = list(by_rank.values())
     status, cause = group_status(ends, tasks, max(e.status for e in ends))
     first = cause_rank(ends, tasks, status)
+    workers = worker_ends(by_rank, tasks, first, LEFT_NO_END)
+    group = _groups.GroupAttempt(
+        run=run,
+        attempt=1 + len(_groups.groups(_ledger.read(store))),  # the chief alone writes them
+        time=_iso(time.time()),
+        status=status,
+        cause=cause,
+        workers=tuple(workers),
+        slurm_job=_str(facts.get("slurm_job")),
+        slurm_restart=_int(facts.get("slurm_restart")),
+    )
+    _ledger.append(store, group.to_record())
+    return group
+
+
+def worker_ends(
+    by_rank: Mapping[int, MemberEnd], tasks: int, first: int | None, missing: str
+) -> list[_groups.WorkerEnd]:
+    """Each rank's recorded end as a worker of the group line, in rank order; a rank that
+    left none is there too, with ``missing`` as how it ended."""
     workers = []
-    for rank in range(max(tasks, 1 + max(by_rank))):
+    for rank in range(max(tasks, 1 + max(by_rank, default=-1))):
         e = by_rank.get(rank)
         if e is None:
-            workers.append(_groups.WorkerEnd(rank, "?", 1, LEFT_NO_END, False, rank == first))
+            workers.append(_groups.WorkerEnd(rank, "?", 1, missing, False, first=rank == first))
             continue
         workers.append(
             _groups.WorkerEnd(
@@ -170,18 +190,7 @@ def _group(
                 step=e.step,
             )
         )
-    group = _groups.GroupAttempt(
-        run=run,
-        attempt=1 + len(_groups.groups(_ledger.read(store))),  # the chief alone writes them
-        time=_iso(time.time()),
-        status=status,
-        cause=cause,
-        workers=tuple(workers),
-        slurm_job=_str(facts.get("slurm_job")),
-        slurm_restart=_int(facts.get("slurm_restart")),
-    )
-    _ledger.append(store, group.to_record())
-    return group
+    return workers
 
 
 def _iso(timestamp: float) -> str:

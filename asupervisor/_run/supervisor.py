@@ -457,28 +457,7 @@ class ProcessSupervisor:
         tasks' recorded ends (a task that left none: its node or its run was lost)."""
         first = cause_rank(ends, tasks, status)
         by_rank = {e.rank: e for e in ends}
-        workers = []
-        for rank in range(tasks):
-            e = by_rank.get(rank)
-            if e is None:
-                workers.append(
-                    _groups.WorkerEnd(rank, "?", 1, _LEFT_NO_END, False, first=rank == first)
-                )
-                continue
-            workers.append(
-                _groups.WorkerEnd(
-                    rank=rank,
-                    host=e.host,
-                    status=e.status,
-                    how=e.why,
-                    stopped=e.stopped,
-                    first=rank == first,
-                    ended=_iso(e.at),
-                    pid=e.pid,
-                    session=e.session,
-                    step=e.step,
-                )
-            )
+        workers = _members.worker_ends(by_rank, tasks, first, _LEFT_NO_END)
         return self._group(number, status, cause, workers)
 
     async def _append_ends(self, logdir: str, lines: list[dict[str, Any]]) -> None:
