@@ -122,8 +122,11 @@ def test_killed_in_a_local_save_between_a_commit_and_its_copy_and_in_a_copy_it_r
         until(lambda: (local_head(here) or 0) > (remote_head(gcs, where) or 0), "a lead")
         run.kill()
     ahead, behind = local_head(here), remote_head(gcs, where)
+    # The case under test: the logdir's commit is behind the local tier's. Whether the
+    # mirror had begun copying the newer one's files depends on the machine's load (the
+    # kill lands after the check above); either way it is not committed there, which is
+    # what a restore reads. A kill in the middle of a copy is step 5's case.
     assert ahead is not None and ahead > (behind or 0)
-    assert gcs.stored(f"{where}/model.ckpt-{ahead}.index") is None
 
     # 4. The same host again: that commit is restored from the local tier, and the
     # mirror goes on with what the logdir lacks: it copies it.
