@@ -55,10 +55,7 @@ class ScratchWriter(Writer):
         try:
             _async_save.write_snapshot(snapshot, path)
         except Exception as exc:
-            fatal = self._failed(step, exc, final=False)
-            if fatal is not None:
-                fatal.__cause__ = exc
-                self._fail_for_good(fatal)
+            self._background_failed(step, exc)
             return
         finally:
             shutil.rmtree(self.store.root, ignore_errors=True)

@@ -243,15 +243,20 @@ class Writer:
             return
         except Exception as exc:
             self._discard(name)
-            fatal = self._failed(step, exc, final=False)
-            if fatal is not None:
-                fatal.__cause__ = exc
-                self._fail_for_good(fatal)
+            self._background_failed(step, exc)
             return
         del snapshot  # the shared buffers can go: later updates need not copy them
         path = self.store.path(name)
         self._saved(step, path, time.perf_counter() - started, held)
         self.completed.append((step, path, tag))
+
+    def _background_failed(self, step: int, exc: Exception) -> None:
+        """Writer thread: a background write failed; counted, and once the failures end
+        training (``_failed``), that error is kept for the training thread to raise."""
+        fatal = self._failed(step, exc, final=False)
+        if fatal is not None:
+            fatal.__cause__ = exc
+            self._fail_for_good(fatal)
 
     def _fail_for_good(self, error: CheckpointSaveError | LogdirLockedError) -> None:
         self.fatal = error
