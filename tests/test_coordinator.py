@@ -102,10 +102,9 @@ async def test_wait_for_stop_times_out_then_wakes_from_another_thread() -> None:
         coord.request_stop()
 
     thread = threading.Thread(target=stopper)
-    started = time.monotonic()
     thread.start()
-    assert await coord.wait_for_stop(5) is True
-    assert time.monotonic() - started < 2
+    # Woken by the stop, not by the timeout (which would return False).
+    assert await coord.wait_for_stop(600) is True
     thread.join()
     assert await coord.wait_for_stop(0) is True  # already stopped: at once
 
