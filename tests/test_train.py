@@ -121,13 +121,13 @@ async def test_a_hung_step_inside_train_is_caught_by_the_watchdog() -> None:
 
     def step() -> None:
         if next(calls) == 3:
-            time.sleep(60)
+            time.sleep(600)
 
     started = time.monotonic()
     with pytest.raises(asv.StepTimeout, match="step"):
         async with sv.session() as sess:
             await sess.train(step, iter(lambda: (), None))
-    assert time.monotonic() - started < 30  # caught, not waited for (the step takes 60 s)
+    assert time.monotonic() - started < 300  # caught, not waited for (the step takes 600 s)
     assert sess.global_step == 3
 
 
