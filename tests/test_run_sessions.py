@@ -343,7 +343,7 @@ TRAINS = """
     from asupervisor.hooks import StopAtStepHook
 
     logdir, attempt = sys.argv[1], int(os.environ["ASUPERVISOR_ATTEMPT"])
-    last_step, hang_after = int(sys.argv[2]), sys.argv[3]
+    last_step, hang_after, pause = int(sys.argv[2]), sys.argv[3], float(sys.argv[4])
     v = tf.Variable(0.0)
 
     async def main() -> None:
@@ -355,7 +355,7 @@ TRAINS = """
                   flush=True)
             while not sess.should_stop():
                 await sess.run(v.assign_add, 1.0)
-                await anyio.sleep(0.05)
+                await anyio.sleep(pause)
         print(f"attempt {attempt} ended {sess.outcome.value} at {sess.global_step}", flush=True)
         if hang_after == "yes" and attempt == 1:
             time.sleep(3600)  # the session has ended; the process never does
@@ -364,10 +364,14 @@ TRAINS = """
 """
 
 
-def trains(tmp_path: Path, logdir: Path, last_step: int, hang_after: bool = False) -> list[str]:
+def trains(
+    tmp_path: Path, logdir: Path, last_step: int, hang_after: bool = False, pause: float = 0.05
+) -> list[str]:
+    """A child that trains to ``last_step``, ``pause`` seconds between steps."""
     script = tmp_path / "trains.py"
     script.write_text(textwrap.dedent(TRAINS))
-    return [sys.executable, str(script), str(logdir), str(last_step), "yes" if hang_after else ""]
+    hang = "yes" if hang_after else ""
+    return [sys.executable, str(script), str(logdir), str(last_step), hang, str(pause)]
 
 
 def wait_for_file(path: Path, run: Supervised, timeout: float = 180) -> None:
@@ -439,7 +443,7 @@ def test_a_full_tmpdir_does_not_make_a_healthy_child_look_dead(tmp_path: Path) -
     try:
         run = Supervised(
             "--logdir", str(logdir), "--stuck-after", "5",
-            "--", *trains(tmp_path, logdir, 10**6),
+            "--", *trains(tmp_path, logdir, 10**6, pause=0.25),
         )  # fmt: skip
     finally:
         del os.environ["TMPDIR"]
@@ -447,8 +451,9 @@ def test_a_full_tmpdir_does_not_make_a_healthy_child_look_dead(tmp_path: Path) -
         wait_for_file(logdir / "model.ckpt-10.index", run)
         shutil.rmtree(tmpdir)  # nothing can be written there any more
         tmpdir.write_text("full")
-        # Several --stuck-after periods of training while TMPDIR cannot be written.
-        wait_for_file(logdir / "model.ckpt-250.index", run)
+        # Several --stuck-after periods of training while TMPDIR cannot be written: 50
+        # steps, each over 0.25 s (the pause, a few steps' CPU: not 240 steps of 0.05 s).
+        wait_for_file(logdir / "model.ckpt-60.index", run)
         run.proc.send_signal(signal.SIGTERM)
         code = run.finish()
     finally:
@@ -656,6 +661,7 @@ def test_a_step_judged_stuck_is_not_given_the_grace_and_its_end_is_on_record(
         "120",
         "--grace",
         "90",
+        "--standby",  # the restart forks from the standby: one import of TensorFlow
         "--",
         sys.executable,
         str(script),
