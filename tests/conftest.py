@@ -31,6 +31,8 @@ if TYPE_CHECKING:
     from tests.pair import Pair
     from tests.slurm_cluster import Cluster as SlurmCluster
 
+RUN_DIR_ENV = "ASV_RUN_DIR"  # a directory pytest-xdist's workers share (pytest_configure)
+
 
 def pytest_configure(config: pytest.Config) -> None:
     """In a pytest-xdist run, one fork server for every worker (each would import
@@ -45,6 +47,16 @@ def pytest_configure(config: pytest.Config) -> None:
 
         place = tempfile.mkdtemp(prefix="asv-forkserver-")
         config.add_cleanup(lambda: shutil.rmtree(place, ignore_errors=True))
+        # A directory the workers share for this run (what one computes, the others
+        # read: tests/test_resume_equivalence.py's runs left alone); gone when it ends.
+        shared = tempfile.mkdtemp(prefix="asv-run-")
+        os.environ[RUN_DIR_ENV] = shared  # the workers inherit it
+
+        def end_shared() -> None:
+            os.environ.pop(RUN_DIR_ENV, None)
+            shutil.rmtree(shared, ignore_errors=True)
+
+        config.add_cleanup(end_shared)
         config.add_cleanup(forked.share(os.path.join(place, "socket")))  # ended first
         # The workers themselves fork from it: TensorFlow is imported once for the run.
         warm = f"popen//python={sys.executable} {Path(__file__).parent / 'warm_worker.py'}"

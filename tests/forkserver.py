@@ -177,13 +177,37 @@ def run_main(argv: list[str]) -> None:
 
 SERVER_PID = os.getpid()
 
+
+def import_quietly() -> None:
+    """TensorFlow, Keras and asupervisor imported with the server's stderr held aside:
+    TensorFlow's native start-up lines (absl's "before InitializeLog", cudart's "Could not
+    find cuda drivers", which TF_CPP_MIN_LOG_LEVEL does not reach) would land in the
+    suite's output. Shown after all if an import fails. The children never see this: each
+    gets the stderr its request sent."""
+    import tempfile
+
+    saved = os.dup(2)
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        try:
+            import keras  # noqa: F401
+            import numpy  # noqa: F401
+            import tensorflow  # noqa: F401
+
+            import asupervisor  # noqa: F401
+        except BaseException:
+            os.dup2(saved, 2)
+            held.seek(0)
+            os.write(2, held.read())
+            raise
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+
+
 if __name__ == "__main__":
     channel = socket.socket(fileno=int(sys.argv[1]))
-    import keras  # noqa: F401
-    import numpy  # noqa: F401
-    import tensorflow  # noqa: F401
-
-    import asupervisor  # noqa: F401
+    import_quietly()
 
     # What was imported is never collected: out of the cyclic collector's sight, so that a
     # child's collections, its last one at exit included, do not walk every object the

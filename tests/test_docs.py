@@ -31,6 +31,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -411,6 +412,32 @@ def _wait(what: str, done: Any, timeout: float) -> None:
         time.sleep(0.5)
 
 
+@contextlib.contextmanager
+def yielding(pid: int) -> Iterator[None]:
+    """A process (every thread of its group, and its session's scheduling group where the
+    kernel groups by session: autogroup) at the lowest priority while the body runs, then
+    its own again; only where that can be undone (root). The page's train.py trains flat
+    out, on more than one core, in a session of its own: beside the commands the test runs
+    meanwhile (inspect imports TensorFlow) it took as much CPU as the rest of the suite.
+    Its final save, after the body's kill, runs at its own priority."""
+    if os.geteuid() != 0:
+        yield
+        return
+    group, autogroup = os.getpgid(pid), Path(f"/proc/{pid}/autogroup")
+
+    def nice(value: int) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.setpriority(os.PRIO_PGRP, group, value)
+        with contextlib.suppress(OSError):  # no autogroup, or the process has ended
+            autogroup.write_text(str(value))
+
+    nice(19)
+    try:
+        yield
+    finally:
+        nice(0)
+
+
 @pytest.mark.slow
 def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
     first, then = [b for b in blocks(ROOT / "docs/shutdowns.md") if b.marker == "run"]
@@ -440,7 +467,8 @@ def test_the_nohup_recipe_runs_in_an_empty_directory(tmp_path: Path) -> None:
                 return False
 
         _wait("the first step", training, timeout=300)
-        done = bash(then)
+        with yielding(int(json.loads(beat.read_text())["pid"])):
+            done = bash(then)
         assert done.returncode == 0, done.stdout + done.stderr
         assert "heartbeat:" in done.stdout, done.stdout  # inspect saw the running session
 

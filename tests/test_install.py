@@ -33,6 +33,7 @@ TEN_STEPS = textwrap.dedent(
     import sys
     import anyio, tensorflow as tf
     import asupervisor as asv
+    from asupervisor.cli import main as cli
 
     v = tf.Variable(0.0)
 
@@ -42,9 +43,13 @@ TEN_STEPS = textwrap.dedent(
         async with sv.session() as sess:
             for _ in range(10):
                 await sess.run(v.assign_add, 1.0)
-        print("trained", sess.global_step, asv.hooks.StopAtStepHook.__name__)
+        print("trained", sess.global_step, asv.hooks.StopAtStepHook.__name__, flush=True)
 
     anyio.run(main)
+    # `asupervisor inspect` on what it wrote, in this process: TensorFlow is imported once
+    # (a second interpreter would import it again to read the checkpoint); the installed
+    # command itself runs below (--version).
+    sys.exit(cli(["inspect", sys.argv[1]]))
     """
 )
 
@@ -202,21 +207,15 @@ def test_the_wheel_installs_with_what_it_declares_and_runs(tmp_path: Path) -> No
     clean = tmp_path / "clean"
     venv.EnvBuilder(with_pip=False).create(clean)
     python = clean / "bin" / "python"
+    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONNOUSERSITE": "1"}
+    # A PYTHONPATH naming a source tree (as in a worktree) would show pip asupervisor
+    # installed already, and it would install nothing.
+    env.pop("PYTHONPATH", None)
     subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "pip",
-            "--python",
-            str(python),
-            "install",
-            "-q",
-            "--no-deps",
-            str(wheel),
-        ],
-        check=True,
-        timeout=300,
-    )
+        [sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+         str(wheel)],
+        check=True, timeout=300, env=env,
+    )  # fmt: skip
     declared = (
         metadata.Distribution.at(
             next((clean / "lib").glob("python*/site-packages/asupervisor-*.dist-info"))
@@ -226,8 +225,6 @@ def test_the_wheel_installs_with_what_it_declares_and_runs(tmp_path: Path) -> No
     site = next((clean / "lib").glob("python*/site-packages"))
     link_distributions(closure(declared), site)
 
-    env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "3", "PYTHONNOUSERSITE": "1"}
-    env.pop("PYTHONPATH", None)
     script = tmp_path / "ten_steps.py"
     script.write_text(TEN_STEPS)
     logdir = tmp_path / "run"
@@ -240,20 +237,11 @@ def test_the_wheel_installs_with_what_it_declares_and_runs(tmp_path: Path) -> No
         cwd=tmp_path,
     )
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["trained", "10", "StopAtStepHook"]
+    trained, _, inspected = done.stdout.partition("\n")
+    assert trained.split() == ["trained", "10", "StopAtStepHook"]
     assert "service.failed" not in done.stderr, done.stderr[-3000:]  # summaries were written
-
-    inspect = subprocess.run(
-        [str(clean / "bin" / "asupervisor"), "inspect", str(logdir)],
-        capture_output=True,
-        text=True,
-        timeout=300,
-        env=env,
-        cwd=tmp_path,
-    )
-    assert inspect.returncode == 0, inspect.stderr[-3000:]
-    assert "latest checkpoint:" in inspect.stdout and "(step 10)" in inspect.stdout
-    assert re.search(r"^\s+v\s+scalar", inspect.stdout, re.MULTILINE), inspect.stdout
+    assert "latest checkpoint:" in inspected and "(step 10)" in inspected, inspected
+    assert re.search(r"^\s+v\s+scalar", inspected, re.MULTILINE), inspected
 
     version = subprocess.run(
         [str(clean / "bin" / "asupervisor"), "--version"],

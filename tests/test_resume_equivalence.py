@@ -18,6 +18,7 @@ kept below as a plain regression test.
 from __future__ import annotations
 
 import contextlib
+import fcntl
 import os
 import shutil
 import signal
@@ -37,6 +38,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
+from tests.conftest import RUN_DIR_ENV
 from tests.faults.deterministic import batch_differences, compare, trained
 from tests.faults.harness import Trainer
 from tests.gcs_fixture import FakeGcs
@@ -152,14 +154,37 @@ _alone: dict[tuple[str, int], tuple[dict[str, Any], list[tuple[int, tuple[int, .
 def left_alone(
     mode: str, per_call: int = 1
 ) -> tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]:
-    """The run left alone (once per test process)."""
+    """The run left alone: once per test run where its processes share a directory
+    (pytest-xdist's workers: tests/conftest.py), else once per test process. The tests of
+    one mode are dealt to different workers, and each trained it again."""
     if (mode, per_call) not in _alone:
-        directory = tempfile.mkdtemp(prefix="asv-alone-")
-        run = Run(directory, mode, per_call=per_call)
-        run.to_the_end()
-        _alone[mode, per_call] = run.outcome()
-        shutil.rmtree(directory, ignore_errors=True)
+        shared = os.environ.get(RUN_DIR_ENV)
+        if shared:
+            _alone[mode, per_call] = _left_alone_in(Path(shared), mode, per_call)
+        else:
+            directory = tempfile.mkdtemp(prefix="asv-alone-")
+            run = Run(directory, mode, per_call=per_call)
+            run.to_the_end()
+            _alone[mode, per_call] = run.outcome()
+            shutil.rmtree(directory, ignore_errors=True)
     return _alone[mode, per_call]
+
+
+def _left_alone_in(
+    shared: Path, mode: str, per_call: int
+) -> tuple[dict[str, Any], list[tuple[int, tuple[int, ...]]]]:
+    """The run left alone in ``shared``: trained by the first process that asks, while
+    the others wait for its lock; a run cut short (its process failed) is trained again."""
+    directory = shared / f"left-alone-{mode}-{per_call}"
+    with open(f"{directory}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        done = directory / "done"
+        if not done.exists():
+            shutil.rmtree(directory, ignore_errors=True)
+            directory.mkdir()
+            Run(str(directory), mode, per_call=per_call).to_the_end()
+            done.touch()
+        return Run(str(directory), mode, per_call=per_call).outcome()
 
 
 def assert_same_as_left_alone(run: Run) -> None:

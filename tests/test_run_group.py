@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -355,3 +356,57 @@ def test_an_end_recorded_after_the_chief_folded_its_members_stop_is_never_an_att
         members.record_name(0, "c2") + ".folded",
         members.record_name(1, "w2") + ".folded",
     ]
+
+
+STOPPED_42 = """
+    import signal, sys, time
+    # As a session does: a stop signal ends it preempted (42).
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+    print("started", flush=True)
+    time.sleep(600)
+"""
+
+
+def test_per_host_members_stopped_together_fold_into_one_attempt_every_worker_stopped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two `asupervisor run`, each one member of a two-worker job (its TF_CONFIG names the
+    other), stopped together as a JobSet's restart or a preemption stops its pods: each
+    records its stop and its end (42); the chief's folds them into its ledger as one
+    attempt, every worker stopped, none first, and inspect shows it. (A real two-worker
+    job under per-host members, one killed, is in test_run_sessions.py.)"""
+    import socket
+
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.groups import groups
+    from asupervisor._logdir.store import Store
+    from asupervisor.cli import main
+    from examples.multiworker import local_tf_configs
+
+    logdir = tmp_path / "run"
+    logdir.mkdir()
+    script = child(tmp_path, STOPPED_42)
+    args = ("--logdir", str(logdir), "--no-heartbeat", "--", sys.executable, script)
+    members = [supervisor(*args, env_extra={"TF_CONFIG": c}) for c in local_tf_configs(2)]
+    try:
+        for member in members:
+            assert member.stdout is not None and member.stdout.readline() == "started\n"
+        for member in members:
+            member.send_signal(signal.SIGTERM)
+        done = [member.communicate(timeout=60) for member in members]
+    finally:
+        for member in members:
+            member.kill()
+    assert [m.returncode for m in members] == [42, 42], done
+    host = socket.gethostname()
+    (preempted,) = groups(_ledger.read(Store(str(logdir))))
+    assert (preempted.attempt, preempted.status, preempted.first) == (1, 42, None), preempted
+    assert [(w.host, w.status, w.stopped) for w in preempted.workers] == [(host, 42, True)] * 2
+    assert preempted.cause.startswith("every worker was stopped"), preempted
+    left = [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    assert left and all(n.endswith(".folded") for n in left), left  # the records are folded
+    assert main(["inspect", str(logdir), "--no-verify"]) == 0
+    out = capsys.readouterr().out
+    assert f"group: 2 workers on {host}; 1 attempts" in out, out
+    rows = [" ".join(line.split()) for line in out.splitlines()]
+    assert any(r.startswith(f"1 1 {host} ") and "42 (preempted) stopped:" in r for r in rows), out
