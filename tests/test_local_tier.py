@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -28,9 +29,11 @@ from asupervisor._cli.inspect import describe_at_risk
 from asupervisor._logdir.heartbeat import Beat
 from asupervisor._logdir.history import read_history
 from asupervisor._logdir.ledger import NAME as LEDGER
+from asupervisor._logdir.lock import LeaseLock
 from asupervisor._logdir.store import Store
 from asupervisor._logdir.verify import verify_checkpoint
 from tests.conftest import Pair, named
+from tests.gcs_fixture import BUCKET, FakeGcs
 from tests.search import replay_line, search_budget, search_settings, seeded, traced
 
 
@@ -188,6 +191,39 @@ async def test_a_restart_restores_from_the_local_tier_and_from_the_logdir_once_i
         "local",
         "store",
     ]
+
+
+# What a start that restores the local tier asks of the store (gs://, the real protocol):
+# the lease (read, written, read back), one listing, the history and the state file read
+# once each, the events file; 66 requests before these were cut, 21 after.
+RESTORE_REQUESTS = 24
+LEASE = LeaseLock.NAME
+
+
+@pytest.mark.asyncio
+async def test_a_restore_from_the_local_tier_asks_the_store_only_what_it_must(
+    gcs: FakeGcs, tmp_path: Path
+) -> None:
+    logdir, local = gcs.new_path(), str(tmp_path / "local")
+    await train(tiered(logdir, Pair(), local), 3)
+    seen = len(gcs.requests_seen())
+    async with tiered(logdir, Pair(), local).session() as sess:
+        asked = gcs.requests_seen()[seen:]
+        assert (sess.restore_report.step, sess.restore_report.tier) == (3, "local")
+
+    # Nothing is written into the history nor the state file (they are as read), no
+    # object is copied (a write on gs:// is one upload, not a copy and a delete), and
+    # the history and the state file are read in one request each; the lease in two
+    # (before it is written, and read back after).
+    def objects(method: str) -> list[str]:
+        names = [r.split()[1].rsplit("%2F", 1)[-1] for r in asked if r.startswith(method)]
+        return [re.sub(r"\.tmp\d+$", "", n) for n in names]  # written aside, then renamed
+
+    assert not {".asupervisor.history", "checkpoint"} & set(objects("POST /upload/"))
+    assert not [r for r in asked if "/rewriteTo/" in r]
+    reads = objects(f"GET /{BUCKET}/")  # an object's contents (not a listing, not a stat)
+    assert [reads.count(n) for n in (".asupervisor.history", "checkpoint", LEASE)] == [1, 1, 2]
+    assert len(asked) <= RESTORE_REQUESTS, "\n".join(asked)
 
 
 @pytest.mark.asyncio

@@ -219,12 +219,13 @@ class EventsFile:
         places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
         reached = None
         for place, last, skip in places:
-            for leftover in [n for n in place.names() if n.startswith(TEMP_PREFIX)]:
+            listed = place.names()  # once: on an object store each listing is a request
+            for leftover in [n for n in listed if n.startswith(TEMP_PREFIX)]:
                 with contextlib.suppress(Exception):  # an object store's error too
                     place.remove(leftover)
             names = [
                 n
-                for n in place.names()
+                for n in listed
                 if n.startswith(EVENTS_FILE) and n not in skip and _not_open_here(place, n)
             ]
             budget = deadline - time.monotonic()
