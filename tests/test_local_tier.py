@@ -13,6 +13,7 @@ import os
 import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -191,6 +192,58 @@ async def test_a_restart_restores_from_the_local_tier_and_from_the_logdir_once_i
         "local",
         "store",
     ]
+
+
+@pytest.mark.asyncio
+async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs(
+    logdir: str, tmp_path: Path, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a multi-worker job every worker takes part in each save, so the chief's local
+    writer never skips one; a timed save is not proposed while the chief's local write is
+    in flight instead (the next interval proposes it). In process: the job's agreement is
+    a stand-in that records what the chief proposes, and the local write is held."""
+    from asupervisor._checkpointing import async_save
+    from asupervisor._cluster import DecisionKind
+
+    held, write = threading.Event(), async_save.write_snapshot
+    writes: list[int] = []
+
+    def held_write(snapshot: Any, path: str) -> None:
+        writes.append(1)
+        assert held.wait(60), "the write was never let go"
+        write(snapshot, path)
+
+    class Agreement:
+        def __init__(self) -> None:
+            self.proposed: list[tuple[DecisionKind, str, int]] = []
+
+        def propose(self, kind: DecisionKind, reason: str, step: int) -> None:
+            self.proposed.append((kind, reason, step))
+
+    pair = Pair()
+    sv = tiered(logdir, pair, str(tmp_path / "local"), save_steps=2)
+    async with sv.session() as sess:
+        await sess.run(pair.step)
+        settle(sv)
+        monkeypatch.setattr(async_save, "write_snapshot", held_write)
+        await sess.run(pair.step)  # step 2: a local save, written in the background
+        runtime = sv._runtime
+        assert runtime is not None and runtime.checkpointer is not None
+        checkpoints, agreement = runtime.checkpoints, Agreement()
+        checkpoints.agreement = agreement  # type: ignore[assignment]
+        try:
+            while not writes:  # the write is in flight (held)
+                await anyio.sleep(0.01)
+            checkpoints.timed_save()
+            assert agreement.proposed == []
+            assert named(events, "checkpoint.local_skipped")[-1]["step"] == 2
+            held.set()
+            assert runtime.checkpointer.wait_for_write(60)
+            checkpoints.timed_save()  # the write is done: the timer's save is proposed
+            assert agreement.proposed == [(DecisionKind.SAVE, "timer", 2)]
+        finally:
+            held.set()
+            checkpoints.agreement = None
 
 
 # What a start that restores the local tier asks of the store (gs://, the real protocol):
