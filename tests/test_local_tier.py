@@ -195,7 +195,7 @@ async def test_a_restart_restores_from_the_local_tier_and_from_the_logdir_once_i
 
 
 @pytest.mark.asyncio
-async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs(
+async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs_below_training(
     logdir: str, tmp_path: Path, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """In a multi-worker job every worker takes part in each save, so the chief's local
@@ -209,7 +209,7 @@ async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs(
     writes: list[int] = []
 
     def held_write(snapshot: Any, path: str) -> None:
-        writes.append(1)
+        writes.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
         assert held.wait(60), "the write was never let go"
         write(snapshot, path)
 
@@ -220,6 +220,7 @@ async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs(
         def propose(self, kind: DecisionKind, reason: str, step: int) -> None:
             self.proposed.append((kind, reason, step))
 
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # a thread starts at the process's
     pair = Pair()
     sv = tiered(logdir, pair, str(tmp_path / "local"), save_steps=2)
     async with sv.session() as sess:
@@ -236,6 +237,9 @@ async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs(
                 await anyio.sleep(0.01)
             checkpoints.timed_save()
             assert agreement.proposed == []
+            # The write gives way to training, but not at the lowest priority: what a
+            # kill loses is the interval and the write in flight, so it must not starve.
+            assert writes == [10] or (base > 10 and writes == [base])
             assert named(events, "checkpoint.local_skipped")[-1]["step"] == 2
             held.set()
             assert runtime.checkpointer.wait_for_write(60)
@@ -248,8 +252,8 @@ async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs(
 
 # What a start that restores the local tier asks of the store (gs://, the real protocol):
 # the lease (read, written, read back), one listing, the history and the state file read
-# once each, the events file; 66 requests before these were cut, 21 after.
-RESTORE_REQUESTS = 24
+# once each, the events file; 66 requests before these were cut, 17 after.
+RESTORE_REQUESTS = 20
 LEASE = LeaseLock.NAME
 
 
