@@ -131,6 +131,7 @@ class Result:
     saves: list[dict[str, object]] = field(default_factory=list)  # checkpoint.saved events
     restores: list[dict[str, object]] = field(default_factory=list)  # checkpoint.restored
     mirrored: list[dict[str, object]] = field(default_factory=list)  # checkpoint.mirrored
+    met: int = 0  # the faults of the schedule delivered to it (the rest came after its end)
 
     @property
     def rate(self) -> float:
@@ -459,6 +460,7 @@ def run(
         result.speed = training_speed(workdir)
         result.cold_start = cold_start(workdir, began_wall)
         result.costs = fault_costs(system, delivered, workdir, began_wall, cold, args)
+        result.met = len(delivered)
         log.close()
         shutil.rmtree(workdir, ignore_errors=True)
     return result
@@ -583,7 +585,9 @@ def measure(args: argparse.Namespace, systems: list[str], keep: str) -> None:
             f"cold start {clean[system].cold_start or float('nan'):.1f} s",
             flush=True,
         )
-    schedule = make_schedule(clean[systems[0]].wall, args.seed)
+    # Drawn within the shortest fault-free run: a faster system would otherwise end
+    # before the last faults come, and meet fewer (no comparison then).
+    schedule = make_schedule(min(c.wall for c in clean.values()), args.seed)
     print("schedule: " + ", ".join(f"{kind} at {at:.0f} s" for at, kind in schedule), flush=True)
     faulted = {}
     for system in systems:
@@ -592,7 +596,8 @@ def measure(args: argparse.Namespace, systems: list[str], keep: str) -> None:
         r = faulted[system]
         print(
             f"{system}: with faults {r.wall:.1f} s, {r.productive} productive steps, "
-            f"finished {r.finished}, recoveries {r.recoveries}",
+            f"finished {r.finished}, met {r.met} of {len(schedule)} faults, "
+            f"recoveries {r.recoveries}",
             flush=True,
         )
     names = {system: NAMES[system] for system in systems}
@@ -628,8 +633,9 @@ def measure(args: argparse.Namespace, systems: list[str], keep: str) -> None:
         print("| " + " | ".join(str(row.get(c, "")) for c in columns) + " |")
     kills = kill_losses(args, systems, clean, faulted)
     saving = save_costs(systems, clean)
+    ratios = tier_ratios(systems, clean, faulted, kills, len(schedule))
     print(f"\nlogs: {keep}")
-    write_results(args, schedule, clean, faulted, names, costs, kills, saving)
+    write_results(args, schedule, clean, faulted, names, costs, kills, saving, ratios)
 
 
 def tier(path: object) -> str:
@@ -644,15 +650,21 @@ def kill_losses(
     faulted: dict[str, Result],
 ) -> list[dict[str, object]]:
     """Lost work per kill against the interval each system saves at: a kill loses at
-    most the interval (in seconds, at the speed of its fault-free run)."""
+    most the interval (in seconds, at the speed of its fault-free run), and with a save
+    written in the background, the interval and the write (a kill just before a commit
+    goes back to the save before it)."""
     rows: list[dict[str, object]] = []
     print("\nlost work per kill (a SIGKILL, an exception, a hang: the steps since the newest "
           "checkpoint a restart went on from):\n")  # fmt: skip
-    print("| system | save interval s | lost work s, each | most | mean | most / interval |")
-    print("|---|---|---|---|---|---|")
+    print("| system | save interval s | a background write s | lost work s, each | most | mean "
+          "| most / interval |")  # fmt: skip
+    print("|---|---|---|---|---|---|---|")
     for system in systems:
         speed = clean[system].speed
         interval = args.local_save_secs if system == "asv-local" else args.save_steps / speed
+        # A save to the store holds the training until it is written: no write behind it.
+        local = [float(e["seconds"]) for e in clean[system].saves if tier(e.get("path")) == "local"]  # type: ignore[arg-type]
+        write = statistics.median(local) if local else 0.0
         lost = [
             float(row["lost work s"])  # type: ignore[arg-type]
             for row in faulted[system].costs
@@ -661,12 +673,59 @@ def kill_losses(
         most = max(lost, default=float("nan"))
         mean = sum(lost) / len(lost) if lost else float("nan")
         print(
-            f"| {system} | {interval:.2f} | {', '.join(f'{x:.2f}' for x in lost)} | "
+            f"| {system} | {interval:.2f} | {write:.2f} | {', '.join(f'{x:.2f}' for x in lost)} | "
             f"{most:.2f} | {mean:.2f} | {most / interval:.2f} |"
         )
         rows.append({"system": system, "save interval s": round(interval, 2),
-                     "lost work s": lost, "most s": round(most, 2), "mean s": round(mean, 2),
+                     "a background write s": round(write, 3), "lost work s": lost,
+                     "most s": round(most, 2), "mean s": round(mean, 2),
                      "most / interval": round(most / interval, 2)})  # fmt: skip
+    return rows
+
+
+def tier_ratios(
+    systems: list[str],
+    clean: dict[str, Result],
+    faulted: dict[str, Result],
+    kills: list[dict[str, object]],
+    scheduled: int,
+) -> list[dict[str, object]]:
+    """With and without the local tier (``asv-local`` against ``asv``), side by side and
+    as ratios: goodput, each fault's cost and its cost over the floor (the faults in the
+    order both met them), lost work per kill. Comparable only if both met every fault."""
+    if not {"asv", "asv-local"} <= set(systems):
+        return []
+    one, two = faulted["asv"], faulted["asv-local"]
+    fair = one.met == two.met == scheduled
+    met = "yes" if fair else f"**no** ({one.met}, {two.met})"
+    print(f"\nwith the local tier against without (asv-local / asv); both met all {scheduled} "
+          f"faults: {met}\n")  # fmt: skip
+    print("| measure | asv | asv-local | asv-local / asv |\n|---|---|---|---|")
+    rows: list[dict[str, object]] = []
+
+    def add(measure: str, a: float | None, b: float | None) -> None:
+        ratio = b / a if a and b is not None else None
+        rows.append({"measure": measure, "asv": a, "asv-local": b,
+                     "asv-local / asv": None if ratio is None else round(ratio, 2)})  # fmt: skip
+        show = [f"{x:.2f}" if isinstance(x, (int, float)) else "" for x in (a, b, ratio)]
+        print(f"| {measure} | " + " | ".join(show) + " |")
+
+    add("goodput %, same run", 100 * one.own_goodput, 100 * two.own_goodput)
+    add("goodput % (vs its fault-free run)", 100 * one.rate / clean["asv"].rate,
+        100 * two.rate / clean["asv-local"].rate)  # fmt: skip
+    add("with faults: wall s", one.wall, two.wall)
+    for a, b in zip(one.costs, two.costs, strict=False):
+        if a["fault"] != b["fault"]:
+            break  # the schedules diverged (a fault not met): no pairs after it
+        for key, name in (("cost s", "cost"), ("over floor s", "over floor")):
+            x, y = a.get(key), b.get(key)
+            add(f"{a['fault']} at {a['at s']} / {b['at s']} s: {name} s",
+                float(x) if isinstance(x, (int, float)) else None,
+                float(y) if isinstance(y, (int, float)) else None)  # fmt: skip
+    most = {row["system"]: row["most s"] for row in kills}
+    add("lost work per kill, most s", float(most["asv"]), float(most["asv-local"]))  # type: ignore[arg-type]
+    rows.append({"measure": "both met every fault", "asv": one.met, "asv-local": two.met,
+                 "asv-local / asv": "yes" if fair else "no"})  # fmt: skip
     return rows
 
 
@@ -767,6 +826,7 @@ def write_results(
     costs: list[dict[str, object]],
     kills: list[dict[str, object]],
     saving: list[dict[str, object]],
+    ratios: list[dict[str, object]],
 ) -> None:
     """The figures the docs show (``benchmarks/results/goodput.json``), so that no table
     is copied by hand."""
@@ -778,6 +838,7 @@ def write_results(
         rows.append(
             {
                 **summary_row(names[system], c, f),
+                "faults met": f"{f.met} of {len(schedule)}",
                 "seconds to train again after each fault": [
                     f"{kind} {secs:.1f}" for kind, secs in f.recoveries
                 ],
@@ -799,6 +860,7 @@ def write_results(
             "Lost work per kill (a SIGKILL, an exception, a hang), against its interval": kills,
             "What a save held the training (fault-free runs, medians), and the interval at "
             "which that is 1% of the time": saving,
+            **({"With the local tier against without, the same faults": ratios} if ratios else {}),
         },
         restores={
             system: [

@@ -266,7 +266,7 @@ def main() -> None:
                 got.setdefault("resume", []).append(seconds)
                 if store == "gs":
                     counts["a resume"] = count
-                    two_tiers(gcs, args.megabytes, local_root, round_, tiers)
+                    two_tiers(gcs, args.megabytes, local_root, round_, tiers, counts)
                 events_dir = where("events")
                 seconds, count = counted(
                     gcs, lambda d=events_dir: flushes(d, args.flushes, args.points)
@@ -347,14 +347,20 @@ def main() -> None:
 
 
 def two_tiers(
-    gcs: FakeGcs, megabytes: float, root: str, round_: int, into: dict[str, list[float]]
+    gcs: FakeGcs,
+    megabytes: float,
+    root: str,
+    round_: int,
+    into: dict[str, list[float]],
+    counts: dict[str, dict[str, int]],
 ) -> None:
     """One round of the two tiers: saves and their mirror, a resume on the same host, a
     resume on a new host (the local tier's directory removed)."""
     logdir, tier = gcs.new_path("tiers"), os.path.join(root, f"tier-{round_}")
     for name, values in anyio.run(tier_saves, logdir, tier, megabytes).items():
         into.setdefault(name, []).extend(values)
-    seconds, where = anyio.run(resume, logdir, megabytes, tier)
+    (seconds, where), count = counted(gcs, lambda: anyio.run(resume, logdir, megabytes, tier))
+    counts["a resume on the same host (local tier; start to close)"] = count
     assert where == "local", where
     into.setdefault("resume on the same host (local tier)", []).append(seconds)
     shutil.rmtree(tier)

@@ -10,8 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import shutil
 import tempfile
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +30,11 @@ from asupervisor._cli.inspect import describe_at_risk
 from asupervisor._logdir.heartbeat import Beat
 from asupervisor._logdir.history import read_history
 from asupervisor._logdir.ledger import NAME as LEDGER
+from asupervisor._logdir.lock import LeaseLock
 from asupervisor._logdir.store import Store
 from asupervisor._logdir.verify import verify_checkpoint
 from tests.conftest import Pair, named
+from tests.gcs_fixture import BUCKET, FakeGcs
 from tests.search import replay_line, search_budget, search_settings, seeded, traced
 
 
@@ -188,6 +192,95 @@ async def test_a_restart_restores_from_the_local_tier_and_from_the_logdir_once_i
         "local",
         "store",
     ]
+
+
+@pytest.mark.asyncio
+async def test_the_chief_proposes_no_timed_save_while_its_local_write_runs_below_training(
+    logdir: str, tmp_path: Path, events: list[dict[str, Any]], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """In a multi-worker job every worker takes part in each save, so the chief's local
+    writer never skips one; a timed save is not proposed while the chief's local write is
+    in flight instead (the next interval proposes it). In process: the job's agreement is
+    a stand-in that records what the chief proposes, and the local write is held."""
+    from asupervisor._checkpointing import async_save
+    from asupervisor._cluster import DecisionKind
+
+    held, write = threading.Event(), async_save.write_snapshot
+    writes: list[int] = []
+
+    def held_write(snapshot: Any, path: str) -> None:
+        writes.append(os.getpriority(os.PRIO_PROCESS, threading.get_native_id()))
+        assert held.wait(60), "the write was never let go"
+        write(snapshot, path)
+
+    class Agreement:
+        def __init__(self) -> None:
+            self.proposed: list[tuple[DecisionKind, str, int]] = []
+
+        def propose(self, kind: DecisionKind, reason: str, step: int) -> None:
+            self.proposed.append((kind, reason, step))
+
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # a thread starts at the process's
+    pair = Pair()
+    sv = tiered(logdir, pair, str(tmp_path / "local"), save_steps=2)
+    async with sv.session() as sess:
+        await sess.run(pair.step)
+        settle(sv)
+        monkeypatch.setattr(async_save, "write_snapshot", held_write)
+        await sess.run(pair.step)  # step 2: a local save, written in the background
+        runtime = sv._runtime
+        assert runtime is not None and runtime.checkpointer is not None
+        checkpoints, agreement = runtime.checkpoints, Agreement()
+        checkpoints.agreement = agreement  # type: ignore[assignment]
+        try:
+            while not writes:  # the write is in flight (held)
+                await anyio.sleep(0.01)
+            checkpoints.timed_save()
+            assert agreement.proposed == []
+            # The write gives way to training, but not at the lowest priority: what a
+            # kill loses is the interval and the write in flight, so it must not starve.
+            assert writes == [10] or (base > 10 and writes == [base])
+            assert named(events, "checkpoint.local_skipped")[-1]["step"] == 2
+            held.set()
+            assert runtime.checkpointer.wait_for_write(60)
+            checkpoints.timed_save()  # the write is done: the timer's save is proposed
+            assert agreement.proposed == [(DecisionKind.SAVE, "timer", 2)]
+        finally:
+            held.set()
+            checkpoints.agreement = None
+
+
+# What a start that restores the local tier asks of the store (gs://, the real protocol):
+# the lease (read, written, read back), one listing, the history and the state file read
+# once each, the events file; 66 requests before these were cut, 17 after.
+RESTORE_REQUESTS = 20
+LEASE = LeaseLock.NAME
+
+
+@pytest.mark.asyncio
+async def test_a_restore_from_the_local_tier_asks_the_store_only_what_it_must(
+    gcs: FakeGcs, tmp_path: Path
+) -> None:
+    logdir, local = gcs.new_path(), str(tmp_path / "local")
+    await train(tiered(logdir, Pair(), local), 3)
+    seen = len(gcs.requests_seen())
+    async with tiered(logdir, Pair(), local).session() as sess:
+        asked = gcs.requests_seen()[seen:]
+        assert (sess.restore_report.step, sess.restore_report.tier) == (3, "local")
+
+    # Nothing is written into the history nor the state file (they are as read), no
+    # object is copied (a write on gs:// is one upload, not a copy and a delete), and
+    # the history and the state file are read in one request each; the lease in two
+    # (before it is written, and read back after).
+    def objects(method: str) -> list[str]:
+        names = [r.split()[1].rsplit("%2F", 1)[-1] for r in asked if r.startswith(method)]
+        return [re.sub(r"\.tmp\d+$", "", n) for n in names]  # written aside, then renamed
+
+    assert not {".asupervisor.history", "checkpoint"} & set(objects("POST /upload/"))
+    assert not [r for r in asked if "/rewriteTo/" in r]
+    reads = objects(f"GET /{BUCKET}/")  # an object's contents (not a listing, not a stat)
+    assert [reads.count(n) for n in (".asupervisor.history", "checkpoint", LEASE)] == [1, 1, 2]
+    assert len(asked) <= RESTORE_REQUESTS, "\n".join(asked)
 
 
 @pytest.mark.asyncio

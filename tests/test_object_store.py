@@ -106,7 +106,10 @@ def test_release_waits_for_a_renewal_in_flight_and_leaves_no_lease(gcs: FakeGcs)
         (heartbeat,) = [t for t in set(threading.enumerate()) - before if "lease" in t.name]
         seen = len(gcs.requests_seen())
         deadline = time.monotonic() + 120
-        while not any(".asupervisor.lease.tmp" in r for r in gcs.requests_seen()[seen:]):
+        while not any(
+            r.startswith("POST /upload/") and ".asupervisor.lease" in r
+            for r in gcs.requests_seen()[seen:]
+        ):  # the renewal's upload has begun
             assert time.monotonic() < deadline, "no renewal began"
             time.sleep(0.01)
         lock.release()  # while the renewal uploads its lease

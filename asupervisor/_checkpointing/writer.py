@@ -33,6 +33,10 @@ MAX_CONSECUTIVE_FAILURES = 3
 class Writer:
     """Writes one session's checkpoints and commits them."""
 
+    # A background write's CPU priority: the lowest, it gives way to training (and to
+    # everything else on the machine: it is only to be done before the next save).
+    write_nice = 19
+
     def __init__(
         self,
         root: SavedRoot,
@@ -215,7 +219,7 @@ class Writer:
 
     def _write(self, snapshot: Any, name: str, step: int, *rest: Any) -> None:
         """Writer thread: files, fsync, then the commit; failures are reported."""
-        set_priority(threading.get_native_id(), 19)
+        set_priority(threading.get_native_id(), self.write_nice)
         try:
             self._write_files(snapshot, name, step, *rest)
         finally:

@@ -64,9 +64,11 @@ class Catalog:
 
     def load(self) -> None:
         """Read the logdir's history (or derive it once from an older logdir's files); the
-        chief writes it down, and a state file that follows it. An unreadable state file
-        is skipped like a damaged checkpoint (the chief puts it aside)."""
-        history, _, damage, lost = load_history_noting(self.store, self.names.basename)
+        chief writes it down, and a state file that follows it, unless both were read as
+        they are (on an object store that is a dozen requests less at every start). An
+        unreadable state file is skipped like a damaged checkpoint (the chief puts it
+        aside)."""
+        history, state, damage, lost = load_history_noting(self.store, self.names.basename)
         if damage is not None:
             self.damaged_state = statefile.put_aside(self.store, damage, move=self.writer)
         if lost is not None:
@@ -79,7 +81,14 @@ class Catalog:
                 read_from=lost.read_from,
                 commits=len(history.commits),
             )
-        writes = self.writer and history.head is not None
+        same = (
+            not history.derived
+            and lost is None
+            and damage is None
+            and history.basename == self.names.basename
+            and state == history.state_file()
+        )
+        writes = self.writer and history.head is not None and not same
         self.history = replace(
             history, basename=self.names.basename, derived=history.derived and not writes
         )

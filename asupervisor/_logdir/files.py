@@ -35,7 +35,7 @@ def remove_unfinished(store: Store, basename: str) -> list[str]:
     temp = own.pattern("_temp")
     data = own.pattern(r"\.data-\d+-of-\d+")
     names = store.names()
-    named = {c.name for c in read_history(store, basename).committed()}
+    named: set[str] | None = None  # read only if a data file has no index: rare
     removed = []
     for name in names:
         if temp.match(name) and store.kind(name) == "dir":
@@ -43,11 +43,11 @@ def remove_unfinished(store: Store, basename: str) -> list[str]:
             removed.append(name)
         elif data.match(name):
             prefix = name.rsplit(".data-", 1)[0]
-            if (
-                prefix + ".index" not in names
-                and prefix not in named
-                and store.kind(name) == "file"
-            ):
+            if prefix + ".index" in names:
+                continue
+            if named is None:
+                named = {c.name for c in read_history(store, basename).committed()}
+            if prefix not in named and store.kind(name) == "file":
                 store.remove(name)
                 removed.append(name)
     return removed

@@ -224,9 +224,8 @@ def read(path: str) -> Beat | None:
     if is_object_store(path):
         directory, _, name = path.rpartition("/")
         store = Store(directory)
-        if store.kind(name) is None:
-            return None
-        return Beat.from_json(store.read(name, MAX_BYTES))
+        data = store.read_if_there(name, MAX_BYTES)
+        return None if data is None else Beat.from_json(data)
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW)
     except FileNotFoundError:

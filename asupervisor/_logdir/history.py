@@ -544,11 +544,12 @@ def load_history_noting(
         damage = exc
     reason = None
     for name in (HISTORY, HISTORY_COPY):
-        if store.kind(name) != "file":
-            reason = reason or f"{name} is missing"
-            continue
         try:
-            history = parse_history(store.read(name, READ_LIMIT))
+            data = store.read_if_there(name, READ_LIMIT)
+            if data is None:
+                reason = reason or f"{name} is missing"
+                continue
+            history = parse_history(data)
         except (OSError, ValueError) as exc:
             reason = reason or f"{name} is damaged: {type(exc).__name__}: {str(exc)[:200]}"
             continue

@@ -154,9 +154,9 @@ class LeaseLock:
         import tensorflow as tf
 
         try:
-            if self.store.kind(self.NAME) is None:
+            data = self.store.read_if_there(self.NAME)
+            if data is None:
                 return None
-            data = self.store.read(self.NAME)
         except (FileNotFoundError, tf.errors.NotFoundError):
             return None  # removed since it was seen
         except (OSError, tf.errors.OpError) as exc:

@@ -203,9 +203,8 @@ def read(store: Store) -> StateFile | None:
     """The logdir's state file (``None`` if there is none), read bounded and never from
     anything but a regular file (a FIFO there would hang TF's reader); ``OSError`` or
     ``ValueError`` for a damaged one."""
-    if store.kind(STATE) is None:
-        return None
-    return parse(store.read(STATE).decode("utf-8"))
+    data = store.read_if_there(STATE)
+    return None if data is None else parse(data.decode("utf-8"))
 
 
 def write(store: Store, state: StateFile) -> None:

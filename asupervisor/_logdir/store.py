@@ -192,27 +192,49 @@ class Store:
 
     def read(self, name: str, limit: int = MAX_READ) -> bytes:
         """A regular file's contents, at most ``limit`` bytes (more is an error); never
-        blocks on a FIFO and never follows a symlink out of the logdir."""
+        blocks on a FIFO and never follows a symlink out of the logdir. On an object
+        store it is one request (no FIFOs nor symlinks there to look for first), and a
+        missing object is ``FileNotFoundError``."""
+        if not self.local:
+            return self._read_object(name, limit)
         if self.kind(name) != "file":
             raise OSError(errno.EINVAL, f"{self.path(name)} is not a regular file")
-        if self.local:
-            fd = _open_regular(self.path(name))  # it may have been swapped since kind()
-            try:
-                data = os.read(fd, limit + 1)
-            finally:
-                os.close(fd)
-        else:
-            import tensorflow as tf
-
-            with tf.io.gfile.GFile(self.path(name), "rb") as f:
-                data = f.read(limit + 1)
+        fd = _open_regular(self.path(name))  # it may have been swapped since kind()
+        try:
+            data = os.read(fd, limit + 1)
+        finally:
+            os.close(fd)
         if len(data) > limit:
             raise OSError(errno.EFBIG, f"{self.path(name)} is larger than {limit} bytes")
         return bytes(data)
 
+    def read_if_there(self, name: str, limit: int = MAX_READ) -> bytes | None:
+        """``read``, or ``None`` if there is nothing by that name: on an object store one
+        request, where a look first and then the read cost four."""
+        if self.local:
+            return None if self.kind(name) is None else self.read(name, limit)
+        try:
+            return self._read_object(name, limit)
+        except FileNotFoundError:
+            return None
+
+    def _read_object(self, name: str, limit: int) -> bytes:
+        import tensorflow as tf
+
+        path = self.path(name)
+        try:
+            with tf.io.gfile.GFile(path, "rb") as f:
+                data = f.read(limit + 1)
+        except tf.errors.NotFoundError as exc:
+            raise FileNotFoundError(errno.ENOENT, f"{path} is not there") from exc
+        if len(data) > limit:
+            raise OSError(errno.EFBIG, f"{path} is larger than {limit} bytes")
+        return bytes(data)
+
     def write(self, name: str, data: bytes, *, durable: bool = True) -> None:
-        """Write ``name`` whole (through a temporary name, then a rename); ``durable``:
-        its bytes fsynced before the rename (a copy that another one backs need not be)."""
+        """Write ``name`` whole (through a temporary name, then a rename; on gs:// in
+        place: an object is whole once its upload ends); ``durable``: its bytes fsynced
+        before the rename (a copy that another one backs need not be)."""
         temp = f"{name}.tmp{os.getpid()}"
         if self.local:
             with open(self.path(temp), "wb") as f:
@@ -224,6 +246,14 @@ class Store:
             return
         import tensorflow as tf
 
+        if self.root.startswith("gs://"):
+            # GCS makes an object visible only once its upload is whole (TF uploads a
+            # file it writes at its close, in one resumable upload): written in place, in
+            # two requests, where a temporary object renamed (a copy and a delete, and
+            # TF's looks before) costs six.
+            with tf.io.gfile.GFile(self.path(name), "wb") as f:
+                f.write(data)
+            return
         with tf.io.gfile.GFile(self.path(temp), "wb") as f:
             f.write(data)
         tf.io.gfile.rename(self.path(temp), self.path(name), overwrite=True)

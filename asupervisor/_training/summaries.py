@@ -215,16 +215,22 @@ class EventsFile:
             return None  # a writer the user gave: its contents are the user's
         deadline = time.monotonic() + REWRITE_BUDGET_SECS
         own = {self.path}
-        places = [(store, step, own)]
-        places += [(Store(store.path(run)), last, set()) for run, last in runs.items()]
+        here = store.names()  # each directory listed once: on an object store a request
+        places: list[tuple[Store, int, set[str], list[str] | None]] = [(store, step, own, here)]
+        places += [
+            (Store(store.path(run)), last, set(), None)
+            for run, last in runs.items()
+            if run in here  # a run never written has no directory to look into
+        ]
         reached = None
-        for place, last, skip in places:
-            for leftover in [n for n in place.names() if n.startswith(TEMP_PREFIX)]:
+        for place, last, skip, listing in places:
+            listed = place.names() if listing is None else listing
+            for leftover in [n for n in listed if n.startswith(TEMP_PREFIX)]:
                 with contextlib.suppress(Exception):  # an object store's error too
                     place.remove(leftover)
             names = [
                 n
-                for n in place.names()
+                for n in listed
                 if n.startswith(EVENTS_FILE) and n not in skip and _not_open_here(place, n)
             ]
             budget = deadline - time.monotonic()
