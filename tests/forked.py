@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import IO, Any
 
 SERVER = Path(__file__).with_name("forkserver.py")
+SHIM = Path(__file__).with_name("forkshim.py")
 ROOT = SERVER.parents[1]
 PIPE, STDOUT, DEVNULL = subprocess.PIPE, subprocess.STDOUT, subprocess.DEVNULL
 CompletedProcess = subprocess.CompletedProcess
@@ -163,6 +164,15 @@ def start_server() -> None:
     time starts it first, so that the budget is spent on the search (the server is the
     test process's, shared with every later test in it)."""
     _Server.get()
+
+
+def runner_child(script: str | os.PathLike[str], *args: str) -> list[str]:
+    """The command ``python SCRIPT ARGS...`` for `asupervisor run` to start, its trainer
+    forked from the shared server (``tests/forkshim.py`` stands in for it; cold without a
+    shared server: pytest without ``-n``): for the tests that pin what the runner does
+    with its children, not their cold start (the docs' recipes, the demo and the install
+    test start theirs cold; a test of ``--standby`` forks them from the runner's own)."""
+    return [sys.executable, "-I", str(SHIM), str(script), *args]
 
 
 def _script_argv(args: list[str]) -> list[str]:

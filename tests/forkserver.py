@@ -2,10 +2,12 @@
 
 It imports TensorFlow, Keras and asupervisor once, then forks a process for each request
 that arrives on the socket it was given (file descriptor FD): the child takes the stdin,
-stdout and stderr sent with the request, the working directory, the environment and
-``sys.argv``, and runs the script (a path, ``-c CODE`` or ``-m MODULE``) as ``__main__``,
-then ends as any interpreter does (non-daemon threads joined, atexit run, an uncaught
-exception printed with status 1, an uncaught KeyboardInterrupt a death by SIGINT). The
+stdout and stderr sent with the request (and any further file at the number the request's
+``keep`` gives: an `asupervisor run` channel, tests/forkshim.py), the working directory,
+the environment and ``sys.argv``, and runs the script (a path, ``-c CODE`` or ``-m
+MODULE``) as ``__main__``, then ends as any interpreter does (non-daemon threads joined,
+atexit run, an uncaught exception printed with status 1, an uncaught KeyboardInterrupt a
+death by SIGINT). The
 server sends each child's pid back, and its exit status (``subprocess``'s convention:
 minus the signal) down a pipe sent with the request.
 
@@ -23,6 +25,7 @@ children when that connection closes.
 from __future__ import annotations
 
 import array
+import fcntl
 import gc
 import json
 import os
@@ -33,7 +36,7 @@ import sys
 import types
 from dataclasses import dataclass
 
-MAX_FDS = 4  # stdin, stdout, stderr, the status pipe
+MAX_FDS = 6  # stdin, stdout, stderr, the status pipe, and up to two kept (``keep``)
 
 
 @dataclass
@@ -42,6 +45,7 @@ class Request:
     cwd: str
     env: dict[str, str]
     fds: list[int]
+    keep: list[int]  # the numbers the child has fds[4:] at (an inherited channel's)
 
 
 def receive(sock: socket.socket) -> Request | None:
@@ -57,7 +61,8 @@ def receive(sock: socket.socket) -> Request | None:
         if level == socket.SOL_SOCKET and kind == socket.SCM_RIGHTS:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
     message = json.loads(data)
-    return Request(message["argv"], message["cwd"], message["env"], list(fds))
+    keep = [int(n) for n in message.get("keep", [])]
+    return Request(message["argv"], message["cwd"], message["env"], list(fds), keep)
 
 
 def status_of(wait_status: int) -> int:
@@ -101,7 +106,7 @@ def serve(lifeline: socket.socket, listener: socket.socket | None) -> Request | 
                     for fd in children.values():
                         os.close(fd)
                     return request
-                for fd in request.fds[:3]:
+                for fd in request.fds[:3] + request.fds[4:]:
                     os.close(fd)
                 children[pid], owners[pid] = request.fds[3], sock
                 sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
@@ -139,9 +144,13 @@ def reap(children: dict[int, int], owners: dict[int, socket.socket]) -> None:
 
 def become(request: Request) -> None:
     """Turn this forked child into ``python ARGV...``: its files, place, environment, argv."""
-    for target, fd in enumerate(request.fds[:3]):
-        os.dup2(fd, target)
+    # Above any number a file is wanted at first, so that no dup2 below closes another.
+    fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for fd in request.fds]
     for fd in request.fds:
+        os.close(fd)
+    for target, fd in [*enumerate(fds[:3]), *zip(request.keep, fds[4:], strict=True)]:
+        os.dup2(fd, target)
+    for fd in fds:
         os.close(fd)
     os.chdir(request.cwd)
     os.environ.clear()

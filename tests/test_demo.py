@@ -145,11 +145,12 @@ def test_the_demo_killed_once_under_asupervisor_run_ends_at_its_step_limit(
     logdir = tmp_path / "digits"
     wrapper = tmp_path / "killed_once.py"
     wrapper.write_text(KILLED_ONCE)
-    # --standby, as the pages run a job: one import of TensorFlow for both attempts.
+    # Both attempts forked from the suite's fork server (tests/forkshim.py): no import of
+    # TensorFlow (the demo's cold start: test_the_demo_trains_...; --standby: test_run).
     run = Supervised(
-        "--logdir", str(logdir), "--standby", "--",
-        sys.executable, str(wrapper), str(DEMO), "--logdir", str(logdir), "--steps", "200",
-        "--save-secs", "0.01", "--eval-secs", "600",
+        "--logdir", str(logdir), "--",
+        *forked.runner_child(wrapper, str(DEMO), "--logdir", str(logdir), "--steps", "200",
+                             "--save-secs", "0.01", "--eval-secs", "600"),
     )  # fmt: skip
     try:
         code = run.finish(timeout=300)

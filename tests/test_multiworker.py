@@ -489,9 +489,9 @@ def test_a_local_commit_counts_for_the_agreed_restore_only_where_every_worker_re
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "TMPDIR": str(scratch),
            "PYTHONPATH": str(ROOT)}  # fmt: skip
     done = subprocess.run(
-        [sys.executable, "-m", "asupervisor", "run", "--standby", "--workers", "2",
+        [sys.executable, "-m", "asupervisor", "run", "--workers", "2",
          "--backoff", "0", "--logdir", str(logdir), "--local-dir", str(local), "--",
-         sys.executable, str(script), str(logdir)],
+         *forked.runner_child(script, str(logdir))],
         capture_output=True, text=True, timeout=400, env=env,
     )  # fmt: skip
     output = done.stdout + done.stderr[-4000:]

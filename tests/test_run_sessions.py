@@ -24,6 +24,7 @@ import tensorflow as tf
 from asupervisor._logdir import ledger as _ledger
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
+from tests import forked
 
 ROOT = Path(__file__).parents[1]
 
@@ -215,16 +216,9 @@ def test_two_workers_one_killed_both_restart_from_one_checkpoint(tmp_path: Path)
     os.environ["TMPDIR"] = str(scratch)  # where the non-chief's scratch saves go
     try:
         run = Supervised(
-            "--standby",  # both workers and their restarts fork from one import
-            "--workers",
-            "2",
-            "--logdir",
-            str(logdir),
-            "--",
-            sys.executable,
-            str(script),
-            str(logdir),
-        )
+            "--workers", "2", "--logdir", str(logdir),
+            "--", *forked.runner_child(script, str(logdir)),
+        )  # fmt: skip
     finally:
         del os.environ["TMPDIR"]
     try:
@@ -294,7 +288,7 @@ def test_per_host_members_of_a_job_fold_each_workers_end_into_the_chiefs_ledger(
         try:
             for config in local_tf_configs(2):
                 os.environ["TF_CONFIG"] = config
-                args = ("--logdir", str(logdir), "--", sys.executable, str(script), str(logdir))
+                args = ("--logdir", str(logdir), "--", *forked.runner_child(script, str(logdir)))
                 members.append(Supervised(*args))
         finally:
             del os.environ["TMPDIR"], os.environ["TF_CONFIG"]
@@ -371,7 +365,7 @@ def trains(
     script = tmp_path / "trains.py"
     script.write_text(textwrap.dedent(TRAINS))
     hang = "yes" if hang_after else ""
-    return [sys.executable, str(script), str(logdir), str(last_step), hang, str(pause)]
+    return forked.runner_child(script, str(logdir), str(last_step), hang, str(pause))
 
 
 def wait_for_file(path: Path, run: Supervised, timeout: float = 180) -> None:
@@ -413,7 +407,7 @@ def test_a_process_that_outlives_its_session_is_stopped_and_its_sessions_end_pas
     failure budget ran out)."""
     logdir = tmp_path / "run"
     run = Supervised(
-        "--logdir", str(logdir), "--stuck-after", "6", "--backoff", "0", "--standby",
+        "--logdir", str(logdir), "--stuck-after", "6", "--backoff", "0",
         "--grace", "2",  # the kill comes 2 s after the stop signal (its sleep ignores it)
         "--", *trains(tmp_path, logdir, 10, hang_after=True),
     )  # fmt: skip
@@ -508,8 +502,8 @@ def three_faults(tmp_path_factory: pytest.TempPathFactory) -> Path:
     script = tmp_path / "faults.py"
     script.write_text(textwrap.dedent(THREE_FAULTS))
     run = Supervised(
-        "--logdir", str(logdir), "--stuck-after", "8", "--startup-timeout", "120", "--standby",
-        "--", sys.executable, str(script), str(logdir),
+        "--logdir", str(logdir), "--stuck-after", "8", "--startup-timeout", "120",
+        "--", *forked.runner_child(script, str(logdir)),
     )  # fmt: skip
     try:
         code = run.finish(timeout=300)
@@ -595,9 +589,7 @@ def test_a_hung_step_ends_its_process_within_one_grace_with_its_end_on_record(
         "--grace",
         "30",
         "--",
-        sys.executable,
-        str(script),
-        str(logdir),
+        *forked.runner_child(script, str(logdir)),
     )
     try:
         run.wait_for(r"^hung")
@@ -661,11 +653,8 @@ def test_a_step_judged_stuck_is_not_given_the_grace_and_its_end_is_on_record(
         "120",
         "--grace",
         "90",
-        "--standby",  # the restart forks from the standby: one import of TensorFlow
         "--",
-        sys.executable,
-        str(script),
-        str(logdir),
+        *forked.runner_child(script, str(logdir)),
     )
     try:
         code = run.finish()
