@@ -185,20 +185,25 @@ async def test_a_reshuffling_dataset_whose_saved_state_read_past_its_shuffle_res
     tmp_path: Path,
 ) -> None:
     """A state taken once the pipeline has read its shuffle to the end (a prefetch that ran
-    ahead of training does it at TF's own pace; a batch as large as the epoch does it at
-    its first batch) holds no count of the shuffle's seed generator: restoring it must
-    not leave the next epoch's order one draw on."""
+    ahead of training does it at TF's own pace) holds no count of the shuffle's seed
+    generator: restoring it must not leave the next epoch's order one draw on."""
 
-    def data() -> tf.data.Dataset:
+    def read_ahead() -> tf.data.Dataset:  # the whole shuffled epoch read at its first batch
         once = tf.data.Dataset.range(ELEMENTS).shuffle(ELEMENTS, seed=3).batch(ELEMENTS + 1)
-        return once.unbatch().batch(10)  # the whole shuffled epoch read at its first batch
+        return once.unbatch().batch(10)
 
-    alone = await train(str(tmp_path / "alone"), data(), 80)
-    assert alone.seen[:40] != alone.seen[40:]  # the second epoch in another order
-    logdir = str(tmp_path / "cut")
-    first = await train(logdir, data(), 17)  # inside the first epoch
-    rest = await train(logdir, data(), 80 - 17)
-    assert first.seen + rest.seen == alone.seen
+    def unknown_length() -> tf.data.Dataset:  # its epoch's end is found by reading
+        numbers = tf.data.Dataset.range(ELEMENTS).filter(lambda i: i >= 0)
+        return numbers.shuffle(ELEMENTS, seed=3).batch(10)
+
+    # Inside the first epoch; at its last batch, whose end TF cannot tell before reading.
+    for data, cut in ((read_ahead, 17), (unknown_length, 40)):
+        alone = await train(str(tmp_path / f"alone{cut}"), data(), 80)
+        assert alone.seen[:40] != alone.seen[40:]  # the second epoch in another order
+        logdir = str(tmp_path / f"cut{cut}")
+        first = await train(logdir, data(), cut)
+        rest = await train(logdir, data(), 80 - cut)
+        assert first.seen + rest.seen == alone.seen, cut
 
 
 async def test_a_rollback_restores_the_iterator_and_moves_it_past_the_divergence(
