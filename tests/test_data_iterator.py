@@ -181,6 +181,31 @@ async def test_a_reshuffling_dataset_given_once_resumes_each_later_epoch_in_its_
         assert first.seen + rest.seen == alone.seen, cut
 
 
+async def test_a_reshuffling_dataset_whose_saved_state_read_past_its_shuffle_resumes_in_order(
+    tmp_path: Path,
+) -> None:
+    """A state taken once the pipeline has read its shuffle to the end (a prefetch that ran
+    ahead of training does it at TF's own pace) holds no count of the shuffle's seed
+    generator: restoring it must not leave the next epoch's order one draw on."""
+
+    def read_ahead() -> tf.data.Dataset:  # the whole shuffled epoch read at its first batch
+        once = tf.data.Dataset.range(ELEMENTS).shuffle(ELEMENTS, seed=3).batch(ELEMENTS + 1)
+        return once.unbatch().batch(10)
+
+    def unknown_length() -> tf.data.Dataset:  # its epoch's end is found by reading
+        numbers = tf.data.Dataset.range(ELEMENTS).filter(lambda i: i >= 0)
+        return numbers.shuffle(ELEMENTS, seed=3).batch(10)
+
+    # Inside the first epoch; at its last batch, whose end TF cannot tell before reading.
+    for data, cut in ((read_ahead, 17), (unknown_length, 40)):
+        alone = await train(str(tmp_path / f"alone{cut}"), data(), 80)
+        assert alone.seen[:40] != alone.seen[40:]  # the second epoch in another order
+        logdir = str(tmp_path / f"cut{cut}")
+        first = await train(logdir, data(), cut)
+        rest = await train(logdir, data(), 80 - cut)
+        assert first.seen + rest.seen == alone.seen, cut
+
+
 async def test_a_rollback_restores_the_iterator_and_moves_it_past_the_divergence(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:

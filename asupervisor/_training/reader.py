@@ -34,6 +34,11 @@ restores it into an iterator of the same pipeline and reads on from there.
 - **One dataset for every epoch** (not a function of the epoch): a reshuffling
   ``shuffle`` draws each iteration's order from the dataset's seed generator, so a
   resumed run first makes (and never reads) the iterators the epochs before made.
+- **The seed generators as the run left alone has them.** A state holds a shuffle's
+  seed count only while the shuffle is still read; a restore of one taken later (a
+  prefetch runs ahead to the epoch's end at its own pace) would leave the next epoch's
+  order one draw on, so at a resume the counts a new iterator has are set again after
+  the restore.
 """
 
 from __future__ import annotations
@@ -154,6 +159,7 @@ class Reader:
         self._told: set[str] = set()  # what has been logged once
         self._why = ""  # why the last state restored did not fit (for the fallback's log)
         self._iterations: dict[int, int] = {}  # iterators made of one dataset (_catch_up)
+        self._read: set[int] = set()  # the datasets of _iterations this session has read
         self._synced: str | None = None  # "": the last sync assigned no state (None: unknown)
 
     # -- reading ---------------------------------------------------------------------
@@ -182,14 +188,18 @@ class Reader:
         one = same_data is not None and key >= 0
         if one:
             self._catch_up(same_data, key, build)
+        # The first iterator this session reads of the one dataset: the seed generators'
+        # counts of a new one are the run left alone's here (see ``_set_seed_counts``).
+        first = one and id(same_data) not in self._read
         saved, self.kept = self.kept, None
         opened = None
         if saved is not None and not saveable:
-            opened = self._restore(saved, key, at, build, one)
+            opened = self._restore(saved, key, at, build, one, first)
         if opened is None:
             opened = self._fresh(saved, key, at, build, saveable)
         if one and opened.ended is None:
             self._iterations[id(same_data)] += 1
+            self._read.add(id(same_data))
         self.current = opened
         return self._hand_out(opened, counted)
 
@@ -221,8 +231,10 @@ class Reader:
         at: int,
         build: Callable[[int], Iterable[Any]],
         same_data: bool,
+        first: bool = False,
     ) -> Opened | None:
-        """The saved state restored into a new iterator of the pipeline, or ``None``."""
+        """The saved state restored into a new iterator of the pipeline, or ``None``;
+        ``first``: the first iterator this session reads of the one dataset."""
         if saved.state is None or saved.key != key or saved.at > at:
             return None
         if same_data and _ended(build(0), at):
@@ -247,7 +259,10 @@ class Reader:
         try:
             if spec != saved.spec:
                 raise ValueError(f"its elements are {spec}, the saved state's {saved.spec}")
+            counts = _state_of(iterator) if first else None  # the counts at the epoch's start
             _restore_state(iterator, saved.state)
+            if counts is not None:
+                _set_seed_counts(source, counts)
             for _ in range(at - saved.at):
                 next(iterator)
         except Exception as exc:  # another pipeline than the one saved: read it anew
@@ -476,6 +491,23 @@ def _restore_state(iterator: Any, state: Any) -> None:
     parts = tf.io.parse_tensor(state, tf.string)
     variants = [tf.io.parse_tensor(part, tf.variant) for part in tf.unstack(parts)]
     iterator._restore_from_tensors({"_STATE": tf.stack(variants)})
+
+
+def _set_seed_counts(source: Any, counts: Any) -> None:
+    """The pipeline's seed generators set to the counts of the state ``counts``, taken of
+    a new iterator (its shuffles not read yet, so their counts are in it). A saved state
+    holds a shuffle's count only while its iterator still reads the shuffle: one taken
+    after the pipeline read the shuffle to its end (a prefetch running ahead of training
+    does, at its own pace) holds none, and restoring it leaves the count one draw on, by
+    the iterator the restore makes. Restored into an iterator of its own, the new one's
+    state sets the counts again; that iterator is never read. Only at the first iterator
+    a session reads of the dataset: after a rollback this session has made more, and a
+    new iterator's counts are not the epoch's."""
+    other = iter(source)
+    try:
+        _restore_state(other, counts)
+    finally:
+        release(other)
 
 
 def _no_state() -> Any:
