@@ -16,6 +16,10 @@ While it copies, newer commits replace the one waiting (only the newest is worth
 copying); a copy that fails (the store unreachable) is tried again, the newest first,
 with a growing pause, and training never waits for it. What it has not copied yet is
 ``steps_at_risk``: the steps a host that never comes back would lose.
+
+At the session's end (``hurry``) the pause is cut to ``HURRIED_RETRY_SECS``: the final
+copy has only what is left of the stop's grace (GKE Spot gives 15 s), and a pause grown
+to ``RETRY_MAX_SECS`` would spend all of it waiting, with the store perhaps back.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ from .._logdir.store import Store
 
 RETRY_FIRST_SECS = 0.5
 RETRY_MAX_SECS = 30.0
+HURRIED_RETRY_SECS = 0.5  # the longest pause once the session ends (``hurry``)
 
 
 def record_of(commit: Commit) -> Record:
@@ -63,6 +68,7 @@ class Mirror:
         self._copying: str | None = None
         self._offered = 0
         self._closed = False
+        self._hurried = False  # the session ends: retries pause at most HURRIED_RETRY_SECS
         self._thread: threading.Thread | None = None
         self.failures = 0
         head = catalog.history.head_commit()
@@ -134,6 +140,13 @@ class Mirror:
                 self._cond.wait(left if left is not None else 1.0)
         return True
 
+    def hurry(self) -> None:
+        """The session ends: a retry pause under way, and any later one, lasts at most
+        ``HURRIED_RETRY_SECS`` (the final copy has only what is left of the grace)."""
+        with self._cond:
+            self._hurried = True
+            self._cond.notify_all()
+
     def drop_pending(self) -> None:
         """A rollback abandoned what is waiting: it is not copied."""
         with self._cond:
@@ -191,7 +204,7 @@ class Mirror:
                     if self._pending is None and self.local.exists(name + ".index"):
                         self._pending = (name, record)  # tried again, unless newer came
                     self._cond.notify_all()
-                    self._cond.wait_for(lambda: self._closed, pause)
+                    self._pause(pause)
                 pause = min(pause * 2, RETRY_MAX_SECS)
                 continue
             pause = RETRY_FIRST_SECS
@@ -212,6 +225,17 @@ class Mirror:
                 seconds=round(time.perf_counter() - started, 4),
                 steps_at_risk=at_risk,
             )
+
+    def _pause(self, secs: float) -> None:
+        """Before a retry (the condition held): ``secs``, or ``HURRIED_RETRY_SECS`` from
+        its start once the session ends (``hurry``); none once closed."""
+        begun = time.monotonic()
+        while not self._closed:
+            cap = HURRIED_RETRY_SECS if self._hurried else secs
+            left = begun + min(secs, cap) - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
 
     def _copy(self, name: str, record: Record) -> bool:
         """The files (data first, the index last), then the commit into the logdir;
