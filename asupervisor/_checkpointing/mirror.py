@@ -17,9 +17,12 @@ copying); a copy that fails (the store unreachable) is tried again, the newest f
 with a growing pause, and training never waits for it. What it has not copied yet is
 ``steps_at_risk``: the steps a host that never comes back would lose.
 
-At the session's end (``hurry``) the pause is cut to ``HURRIED_RETRY_SECS``: the final
-copy has only what is left of the stop's grace (GKE Spot gives 15 s), and a pause grown
-to ``RETRY_MAX_SECS`` would spend all of it waiting, with the store perhaps back.
+At the session's end (``hurry``) the final copy has only what is left of the stop's
+grace (GKE Spot gives 15 s): a retry pause is cut to ``HURRIED_RETRY_SECS`` (one grown to
+``RETRY_MAX_SECS`` would spend all of it waiting, with the store perhaps back), and a
+copy under way that a newer commit has replaced is abandoned before its next file, its
+``.index`` last (what it copied is what a kill mid-copy leaves: data files with no
+``.index``, never taken for a checkpoint, removed at the next start).
 """
 
 from __future__ import annotations
@@ -46,6 +49,10 @@ HURRIED_RETRY_SECS = 0.5  # the longest pause once the session ends (``hurry``)
 def record_of(commit: Commit) -> Record:
     """What a commit recorded, to commit its copy with."""
     return Record(commit.step or 0, commit.time, dict(commit.metrics), commit.healthy)
+
+
+class _Superseded(Exception):
+    """A hurried copy that a newer commit replaced: abandoned, the newer one is copied."""
 
 
 class Mirror:
@@ -183,6 +190,12 @@ class Mirror:
             try:
                 started = time.perf_counter()
                 copied = self._copy(name, record)
+            except _Superseded:
+                log.debug("checkpoint.mirror_superseded", checkpoint=name, step=record.step)
+                with self._cond:
+                    self._copying = None
+                    self._cond.notify_all()
+                continue
             except (Fenced, LogdirLockedError):
                 with self._cond:
                     self._copying = None
@@ -254,9 +267,17 @@ class Mirror:
                 import tensorflow as tf
 
                 for file in files:
+                    self._unless_superseded()
                     tf.io.gfile.copy(self.local.path(file), self.store.path(file), overwrite=True)
             self.retention.commit(self.catalog, name, record)
         return True
+
+    def _unless_superseded(self) -> None:
+        """Raises ``_Superseded`` if the session ends and a newer commit waits: the time
+        left goes to the newer one (the final save), not to one it replaced."""
+        with self._cond:
+            if self._hurried and self._pending is not None:
+                raise _Superseded
 
     def _copy_to_path(self, name: str, files: list[str]) -> None:
         """Into ``<name>_temp/`` (removed at the next start if a kill cuts it short),
@@ -267,6 +288,7 @@ class Mirror:
         os.makedirs(temp, exist_ok=True)
         try:
             for file in files:
+                self._unless_superseded()
                 with (
                     open(self.local.path(file), "rb") as src,
                     open(os.path.join(temp, file), "wb") as dst,
