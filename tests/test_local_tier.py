@@ -295,6 +295,106 @@ async def test_only_every_nth_local_commit_and_the_final_one_are_mirrored(
     assert [s for _, s in commits(logdir)] == [4, 10]  # the 3rd and 6th, and the final
 
 
+def test_the_final_copy_waits_for_no_retry_pause_once_the_session_ends(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A copy that failed (the store out of reach) is tried again after a pause that
+    grows to 30 s; at a stop the final copy has only what is left of the grace (GKE
+    Spot: 15 s), so the session's end cuts the pause under way. In process, the copy
+    stubbed: the first try fails, the pause is an hour, and the retry comes anyway."""
+    from asupervisor._checkpointing import mirror as mirror_module
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.lock import WriteGuard
+    from asupervisor._logdir.records import Record
+    from asupervisor._logdir.retention import Retention
+
+    monkeypatch.setattr(mirror_module, "RETRY_FIRST_SECS", 3600.0)
+    monkeypatch.setattr(mirror_module, "HURRIED_RETRY_SECS", 0.0)
+    remote = Catalog(Store(str(tmp_path / "logdir")), "model.ckpt", writer=True)
+    remote.load()
+    local = Store(str(tmp_path / "local"))
+    local.make()
+    open(local.path("model.ckpt-1.index"), "wb").close()  # what a retry looks for
+    mirror = mirror_module.Mirror(local, remote, Retention(remote.store, 5, None), WriteGuard(None))
+    tries: list[str] = []
+    failed = threading.Event()
+
+    def copy(name: str, record: Record) -> bool:
+        tries.append(name)
+        if len(tries) == 1:
+            failed.set()
+            raise OSError("the store is out of reach")
+        return True
+
+    monkeypatch.setattr(mirror, "_copy", copy)
+    try:
+        mirror.committed("model.ckpt-1", Record(1, 0.0, {}, True))
+        assert failed.wait(60)
+        assert not mirror.wait(0.05)  # in its pause: an hour, if nothing cuts it
+        mirror.hurry()  # the session ends (Checkpointer.finish_mirror)
+        assert mirror.wait(60), tries
+        assert tries == ["model.ckpt-1", "model.ckpt-1"]
+        assert (mirror.mirrored_step, mirror.steps_at_risk()) == (1, 0)
+    finally:
+        mirror.close()
+
+
+def test_at_the_sessions_end_a_copy_a_newer_commit_replaced_is_abandoned_before_its_index(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The mirror copies commit 1 when the stop's final save (commit 2) comes: once the
+    session ends, the rest of the grace goes to commit 2. Commit 1 stops before its
+    ``.index`` (it is never a checkpoint of the logdir), and nothing of it stays there.
+    In process, on checkpoint-shaped files; the copy of commit 1's data file is held."""
+    from asupervisor._checkpointing.mirror import Mirror
+    from asupervisor._logdir.catalog import Catalog
+    from asupervisor._logdir.lock import WriteGuard
+    from asupervisor._logdir.records import Record
+    from asupervisor._logdir.retention import Retention
+
+    logdir = str(tmp_path / "logdir")
+    remote = Catalog(Store(logdir), "model.ckpt", writer=True)
+    remote.load()
+    local = Store(str(tmp_path / "local"))
+    local.make()
+    for step in (1, 2):
+        for suffix in (".data-00000-of-00001", ".index"):
+            with open(local.path(f"model.ckpt-{step}{suffix}"), "wb") as file:
+                file.write(b"x" * 64)
+    mirror = Mirror(local, remote, Retention(remote.store, 5, None), WriteGuard(None))
+    read: list[str] = []
+    copying, go_on = threading.Event(), threading.Event()
+    path = local.path
+
+    def held_path(name: str) -> str:  # each file the mirror reads, in order
+        read.append(name)
+        if name == "model.ckpt-1.data-00000-of-00001":
+            copying.set()
+            assert go_on.wait(60), "never let go"
+        return path(name)
+
+    monkeypatch.setattr(local, "path", held_path)
+    try:
+        mirror.committed("model.ckpt-1", Record(1, 1.0, {}, True))
+        assert copying.wait(60)
+        mirror.committed("model.ckpt-2", Record(2, 2.0, {}, True))  # the final save
+        mirror.hurry()  # the session ends (Checkpointer.finish_mirror)
+        go_on.set()
+        assert mirror.wait(60)
+    finally:
+        go_on.set()
+        mirror.close()
+    assert read == [
+        "model.ckpt-1.data-00000-of-00001",
+        "model.ckpt-2.data-00000-of-00001",
+        "model.ckpt-2.index",
+    ]
+    assert [c.step for c in read_history(Store(logdir)).committed()] == [2]
+    left = [n for n in os.listdir(logdir) if n.startswith("model.ckpt")]
+    assert sorted(left) == ["model.ckpt-2.data-00000-of-00001", "model.ckpt-2.index"]
+    assert (mirror.mirrored_step, mirror.steps_at_risk()) == (2, 0)
+
+
 @pytest.mark.asyncio
 async def test_steps_at_risk_is_in_tensorboard_and_in_the_heartbeat(
     logdir: str, tmp_path: Path

@@ -138,6 +138,7 @@ class Checkpointer:
         ``mirror_every`` says), within ``timeout`` seconds; ``False`` if not copied."""
         if self.tiers is None:
             return True
+        self.tiers.mirror.hurry()  # no retry pause longer than the grace can afford
         self.tiers.offer_head()
         return self.tiers.mirror.wait(timeout)
 

@@ -16,6 +16,13 @@ While it copies, newer commits replace the one waiting (only the newest is worth
 copying); a copy that fails (the store unreachable) is tried again, the newest first,
 with a growing pause, and training never waits for it. What it has not copied yet is
 ``steps_at_risk``: the steps a host that never comes back would lose.
+
+At the session's end (``hurry``) the final copy has only what is left of the stop's
+grace (GKE Spot gives 15 s): a retry pause is cut to ``HURRIED_RETRY_SECS`` (one grown to
+``RETRY_MAX_SECS`` would spend all of it waiting, with the store perhaps back), and a
+copy under way that a newer commit has replaced is abandoned before its next file, its
+``.index`` last (what it copied is what a kill mid-copy leaves: data files with no
+``.index``, never taken for a checkpoint, removed at the next start).
 """
 
 from __future__ import annotations
@@ -36,11 +43,16 @@ from .._logdir.store import Store
 
 RETRY_FIRST_SECS = 0.5
 RETRY_MAX_SECS = 30.0
+HURRIED_RETRY_SECS = 0.5  # the longest pause once the session ends (``hurry``)
 
 
 def record_of(commit: Commit) -> Record:
     """What a commit recorded, to commit its copy with."""
     return Record(commit.step or 0, commit.time, dict(commit.metrics), commit.healthy)
+
+
+class _Superseded(Exception):
+    """A hurried copy that a newer commit replaced: abandoned, the newer one is copied."""
 
 
 class Mirror:
@@ -63,6 +75,7 @@ class Mirror:
         self._copying: str | None = None
         self._offered = 0
         self._closed = False
+        self._hurried = False  # the session ends: retries pause at most HURRIED_RETRY_SECS
         self._thread: threading.Thread | None = None
         self.failures = 0
         head = catalog.history.head_commit()
@@ -134,6 +147,13 @@ class Mirror:
                 self._cond.wait(left if left is not None else 1.0)
         return True
 
+    def hurry(self) -> None:
+        """The session ends: a retry pause under way, and any later one, lasts at most
+        ``HURRIED_RETRY_SECS`` (the final copy has only what is left of the grace)."""
+        with self._cond:
+            self._hurried = True
+            self._cond.notify_all()
+
     def drop_pending(self) -> None:
         """A rollback abandoned what is waiting: it is not copied."""
         with self._cond:
@@ -170,6 +190,12 @@ class Mirror:
             try:
                 started = time.perf_counter()
                 copied = self._copy(name, record)
+            except _Superseded:
+                log.debug("checkpoint.mirror_superseded", checkpoint=name, step=record.step)
+                with self._cond:
+                    self._copying = None
+                    self._cond.notify_all()
+                continue
             except (Fenced, LogdirLockedError):
                 with self._cond:
                     self._copying = None
@@ -191,7 +217,7 @@ class Mirror:
                     if self._pending is None and self.local.exists(name + ".index"):
                         self._pending = (name, record)  # tried again, unless newer came
                     self._cond.notify_all()
-                    self._cond.wait_for(lambda: self._closed, pause)
+                    self._pause(pause)
                 pause = min(pause * 2, RETRY_MAX_SECS)
                 continue
             pause = RETRY_FIRST_SECS
@@ -213,6 +239,17 @@ class Mirror:
                 steps_at_risk=at_risk,
             )
 
+    def _pause(self, secs: float) -> None:
+        """Before a retry (the condition held): ``secs``, or ``HURRIED_RETRY_SECS`` from
+        its start once the session ends (``hurry``); none once closed."""
+        begun = time.monotonic()
+        while not self._closed:
+            cap = HURRIED_RETRY_SECS if self._hurried else secs
+            left = begun + min(secs, cap) - time.monotonic()
+            if left <= 0:
+                return
+            self._cond.wait(left)
+
     def _copy(self, name: str, record: Record) -> bool:
         """The files (data first, the index last), then the commit into the logdir;
         ``False`` if the logdir has it already."""
@@ -230,9 +267,17 @@ class Mirror:
                 import tensorflow as tf
 
                 for file in files:
+                    self._unless_superseded()
                     tf.io.gfile.copy(self.local.path(file), self.store.path(file), overwrite=True)
             self.retention.commit(self.catalog, name, record)
         return True
+
+    def _unless_superseded(self) -> None:
+        """Raises ``_Superseded`` if the session ends and a newer commit waits: the time
+        left goes to the newer one (the final save), not to one it replaced."""
+        with self._cond:
+            if self._hurried and self._pending is not None:
+                raise _Superseded
 
     def _copy_to_path(self, name: str, files: list[str]) -> None:
         """Into ``<name>_temp/`` (removed at the next start if a kill cuts it short),
@@ -243,6 +288,7 @@ class Mirror:
         os.makedirs(temp, exist_ok=True)
         try:
             for file in files:
+                self._unless_superseded()
                 with (
                     open(self.local.path(file), "rb") as src,
                     open(os.path.join(temp, file), "wb") as dst,
