@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurm_cluster import Cluster
+from tests.slurm_cluster import LOSS_PARTITION, Cluster
 from tests.test_slurm_jobs import job_state, wait_for_end
 
 ROOT = Path(__file__).parents[1]
@@ -56,14 +56,6 @@ class Job:
 
     def text(self) -> str:
         return self.log.read_text() if self.log.exists() else "(no log yet)"
-
-
-def queue(slurm: Cluster) -> list[str]:
-    done = subprocess.run(
-        ["squeue", "-h", "-o", "%i"], env=dict(slurm.env), capture_output=True, text=True,
-        timeout=30, check=True,
-    )  # fmt: skip
-    return done.stdout.split()
 
 
 def submit(
@@ -314,35 +306,30 @@ def test_a_crash_at_the_same_step_on_every_start_ends_in_the_crash_loop_report_a
 
 @pytest.mark.slow
 def test_a_node_lost_ends_the_job_which_slurm_requeues_and_which_resumes_once_the_node_is_back(
-    slurm_alone: Cluster, tmp_path: Path
+    slurm: Cluster, tmp_path: Path
 ) -> None:
-    """Case 5 of the SLURM faults: node n2 is lost while the job trains (its slurmd and
+    """Case 5 of the SLURM faults: node n4 is lost while the job trains (its slurmd and
     every process on it SIGKILLed) and marked down, as SLURM's controller does when it has
     not answered for SlurmdTimeout. SLURM ends the job for the node's failure and requeues
-    it (``--requeue``); the job waits for two
-    nodes, runs again once n2 is back, resumes from the checkpoint both workers agree on,
-    losing at most the save interval, and finishes. The test has the cluster alone (the
-    node's loss would end any other job on it) and brings the node back whatever
+    it (``--requeue``); the job waits for two nodes, runs again once n4 is back, resumes
+    from the checkpoint both workers agree on, losing at most the save interval, and
+    finishes. The job runs on the nodes of a partition no other test uses (n3, n4), so
+    the other tests' jobs run on beside it; the test brings the node back whatever
     happens."""
-    slurm = slurm_alone
-    for _ in range(3000):  # a job of someone else's on the cluster would be lost too
-        if not queue(slurm):
-            break
-        time.sleep(0.2)
     job = submit(
         slurm, tmp_path,
         [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 0.5}],
-        sbatch_options=("--open-mode=append",),
+        sbatch_options=("--open-mode=append", "--partition", LOSS_PARTITION),
     )  # fmt: skip
     wait_for_mark(slurm, job, "slow-0-0-10")
     try:
-        slurm.lose_node("n2")
+        slurm.lose_node("n4")
         # What the controller does once the node has not answered for SlurmdTimeout (a
         # health check or a person may say it sooner): the node is down.
-        scontrol(slurm, "update", "NodeName=n2", "State=DOWN", "Reason=lost")
+        scontrol(slurm, "update", "NodeName=n4", "State=DOWN", "Reason=lost")
         wait_for_restarts(slurm, job, 1)  # SLURM's own requeue, for the node's failure
     finally:
-        slurm.restore_node("n2")
+        slurm.restore_node("n4")
     state = wait_for_end(slurm, job.id, job.log)
     text = job.text()
     assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
