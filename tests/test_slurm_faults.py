@@ -207,11 +207,14 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
     job = submit(
         slurm, tmp_path,
         [
-            {"restart": 0, "worker": 1, "step": 10, "do": "kill"},
-            {"restart": 0, "worker": 0, "step": 24, "do": "hang"},
+            # Each fault soon after the start before it (whose first step is the one its
+            # checkpoint holds): the steps between cost time, not cases.
+            {"restart": 0, "worker": 1, "step": 10, "do": "kill"},  # restores 7
+            {"restart": 0, "worker": 0, "step": 15, "do": "hang"},  # restores 14
             # Slow from there on, until the notice ends it (one comes within a step).
-            {"restart": 0, "worker": 0, "step": 30, "do": "slow", "secs": 1},
-            {"restart": 1, "worker": 0, "step": 45, "do": "slow", "secs": 2},
+            {"restart": 0, "worker": 0, "step": 16, "do": "slow", "secs": 1},
+            # From the requeued run's first step (it restores the notice's final save).
+            {"restart": 1, "worker": 0, "step": 16, "do": "slow", "secs": 2},
         ],
         # Appended: a requeued job's run writes on after the runs before it.
         # The warning WARN_SECS before the time limit; the limit far until the test
@@ -220,10 +223,10 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
         # A step of this job takes milliseconds, but a loaded machine has held one for 10 s.
         worker_options=("--step-timeout", "20"),
     )  # fmt: skip
-    wait_for_mark(slurm, job, "slow-0-0-30")
+    wait_for_mark(slurm, job, "slow-0-0-16")
     scancel(slurm, "--batch", "--signal=USR1", job.id)  # the notice, to the batch script
     wait_for_restarts(slurm, job, 1)
-    wait_for_mark(slurm, job, "slow-1-0-45")
+    wait_for_mark(slurm, job, "slow-1-0-16")
     # The time limit near: between 3 and 4 minutes left (SLURM's limits are in minutes),
     # so the warning is due now, SLURM sends it at its next pass over the jobs' limits
     # (every 30 s or sooner), and the final save has minutes before the limit.
