@@ -97,21 +97,10 @@ def slurm_cluster() -> SlurmCluster:
 
 
 @pytest.fixture
-def slurm(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The suite's SLURM cluster, shared with the other tests while this one runs."""
-    from tests.slurm_cluster import in_use
-
-    with in_use(slurm_cluster) as cluster:
-        yield cluster
-
-
-@pytest.fixture
-def slurm_alone(slurm_cluster: SlurmCluster) -> Iterator[SlurmCluster]:
-    """The suite's SLURM cluster, for this test alone (it takes a node away)."""
-    from tests.slurm_cluster import in_use
-
-    with in_use(slurm_cluster, alone=True) as cluster:
-        yield cluster
+def slurm(slurm_cluster: SlurmCluster) -> SlurmCluster:
+    """The suite's SLURM cluster, shared with the other tests while this one runs (the one
+    that loses a node loses one of its own: tests/slurm_cluster.py's ``loss`` partition)."""
+    return slurm_cluster
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -1,6 +1,9 @@
-"""A real two-node SLURM cluster on this machine, for the tests: one ``munged``, one
-``slurmctld`` and one ``slurmd`` per node, each node in a UTS namespace of its own (its own
-host name) at a loopback address of its own (``n1`` at 127.0.0.1, ``n2`` at 127.0.0.2).
+"""A real SLURM cluster on this machine, for the tests: one ``munged``, one ``slurmctld``
+and one ``slurmd`` per node, each node in a UTS namespace of its own (its own host name) at a
+loopback address and port of its own (``n1`` at 127.0.0.1 ... ``n4`` at 127.0.0.4). Two
+partitions of two nodes: ``debug`` (n1, n2, the default) for the tests' jobs, side by side,
+and ``loss`` (n3, n4) for the one test that takes a node away, whose loss then ends no
+other test's job.
 
 Everything lives in one directory: the configuration, the munge key and socket, the state,
 the spool, the logs and one pid file per daemon started. ``up`` is idempotent (a cluster
@@ -16,7 +19,6 @@ daemons run as root, ``unshare --uts``) and Debian's ``slurm-wlm`` and ``munge``
 
 from __future__ import annotations
 
-import contextlib
 import os
 import shutil
 import signal
@@ -25,11 +27,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
-NODES = (("n1", "127.0.0.1"), ("n2", "127.0.0.2"))
+NODES = (("n1", "127.0.0.1"), ("n2", "127.0.0.2"), ("n3", "127.0.0.3"), ("n4", "127.0.0.4"))
+LOSS_PARTITION = "loss"  # the nodes a test may lose (sbatch -p loss); no other job runs there
+# (name, its nodes) of each partition; the first is the default.
+PARTITIONS = (("debug", ("n1", "n2")), (LOSS_PARTITION, ("n3", "n4")))
 # SLURM's own programs; munged and unshare complete the list of what the cluster needs.
 PROGRAMS = (
     "slurmctld",
@@ -93,6 +98,7 @@ class Cluster:
 
     root: Path
     nodes: tuple[tuple[str, str], ...] = NODES  # (name, loopback address) of each node
+    partitions: tuple[tuple[str, tuple[str, ...]], ...] = PARTITIONS
     first_job: int = 1  # job ids from here: two clusters' jobs are never the same number
 
     @property
@@ -116,17 +122,28 @@ class Cluster:
                 continue
         return found
 
+    def _lost_mark(self, name: str) -> Path:
+        return self.root / "pids" / f"{name}.lost"
+
+    def lost(self) -> set[str]:
+        """The nodes a test has lost on purpose (``lose_node``) and not yet restored."""
+        return {name for name, _ in self.nodes if self._lost_mark(name).exists()}
+
     def running(self) -> bool:
         """Every daemon this directory started runs and every node is up (``UP_STATES``;
         not down, drained or failed)."""
         return self._daemons_alive() and self._nodes_up()
 
     def _daemons_alive(self) -> bool:
+        """Every daemon runs, but for the nodes lost on purpose."""
         pids = self.pids()
-        expected = {"munged", "slurmctld", *(name for name, _ in self.nodes)}
-        return set(pids) == expected and all(alive(p) for p in pids.values())
+        lost = self.lost()
+        expected = {"munged", "slurmctld", *(name for name, _ in self.nodes if name not in lost)}
+        return expected <= set(pids) and all(alive(pids[name]) for name in expected)
 
-    def _nodes_up(self) -> bool:
+    def _nodes_up(self, names: Iterable[str] | None = None) -> bool:
+        """Each of these nodes (every node of the cluster if None) is up."""
+        wanted = [name for name, _ in self.nodes] if names is None else list(names)
         try:
             done = subprocess.run(
                 [_program("sinfo"), "-h", "-N", "-o", "%N %t"],
@@ -141,9 +158,13 @@ class Cluster:
         # Up is any state a job can run in or has just run in (idle, alloc, mix, comp:
         # completing); a node that is down, drained, failed or unknown is not.
         return done.returncode == 0 and all(
-            states.get(name, "unk").rstrip("*~#!%$@^-+").startswith(UP_STATES)
-            for name, _ in self.nodes
+            states.get(name, "unk").rstrip("*~#!%$@^-+").startswith(UP_STATES) for name in wanted
         )
+
+    def _kept_up(self) -> bool:
+        """Every node but those lost on purpose is up."""
+        lost = self.lost()
+        return self._nodes_up(name for name, _ in self.nodes if name not in lost)
 
     def up(self) -> None:
         """Bring the cluster up (or leave it up); raises ``RuntimeError`` with the logs'
@@ -152,8 +173,9 @@ class Cluster:
         if why:
             raise RuntimeError(why)
         if self._daemons_alive():
-            # Up already (or coming up): never torn down under the jobs of its users.
-            self._wait_for(self._nodes_up, "every node up")
+            # Up already (or coming up): never torn down under the jobs of its users, nor
+            # for a node a test has lost on purpose (it brings it back itself).
+            self._wait_for(self._kept_up, "every node up")
             return
         self.down()  # a half-started cluster: end what runs, start again
         for sub in ("pids", "state", "spool", "log", "munge"):
@@ -163,8 +185,9 @@ class Cluster:
         self._wait_for(lambda: (self.root / "munge" / "socket").exists(), "munged's socket")
         self._start("slurmctld", [_program("slurmctld"), "-D", "-c", "-f", str(self.conf)])
         for name, _ in self.nodes:
+            self._lost_mark(name).unlink(missing_ok=True)
             self._start_node(name)
-        self._wait_for(self._nodes_up, "both nodes idle")
+        self._wait_for(self._nodes_up, "every node idle")
 
     def _start_node(self, name: str) -> None:
         # Its own host name: the tasks on this node see `hostname` == name.
@@ -182,20 +205,23 @@ class Cluster:
         where = uts_namespace(pid)
         if where is None or where == uts_namespace(os.getpid()):
             raise RuntimeError(f"node {name}'s slurmd (pid {pid}) has no namespace of its own")
+        # Marked lost first: an ``up`` meanwhile (another test's) leaves the cluster as it is.
+        self._lost_mark(name).touch()
+        self._pidfile(name).unlink(missing_ok=True)
         for each in [pid, *in_namespaces({where})]:
             try:
                 os.kill(each, signal.SIGKILL)
             except ProcessLookupError:
                 pass
-        self._pidfile(name).unlink(missing_ok=True)
 
     def restore_node(self, name: str) -> None:
-        """Start the node's ``slurmd`` again (if it is not running) and wait until every
-        node is up: ReturnToService=2 lets a node that was down take jobs again."""
+        """Start the node's ``slurmd`` again (if it is not running) and wait until it is
+        up: ReturnToService=2 lets a node that was down take jobs again."""
         pid = self.pids().get(name)
         if pid is None or not alive(pid):
             self._start_node(name)
-        self._wait_for(self._nodes_up, "every node up again")
+        self._lost_mark(name).unlink(missing_ok=True)
+        self._wait_for(lambda: self._nodes_up([name]), f"node {name} up again")
 
     def _munged(self) -> list[str]:
         munge = self.root / "munge"
@@ -255,11 +281,15 @@ class Cluster:
                 f"NodeName={name} NodeAddr={addr} NodeHostname={name} Port={_free_port()} "
                 "CPUs=2 RealMemory=4000 State=UNKNOWN"
             )
-        nodes = ",".join(name for name, _ in self.nodes)
-        lines.append(
-            f"PartitionName=debug Nodes={nodes} Default=YES MaxTime=INFINITE State=UP "
-            "OverSubscribe=FORCE:4"
-        )
+        for i, (partition, members) in enumerate(self.partitions):
+            # A test's job takes one core of each of its nodes (CR_Core, a task per node)
+            # and may share it (FORCE:4): the tests' jobs run side by side, never queued
+            # behind each other.
+            lines.append(
+                f"PartitionName={partition} Nodes={','.join(members)} "
+                f"Default={'YES' if i == 0 else 'NO'} MaxTime=INFINITE State=UP "
+                "OverSubscribe=FORCE:4"
+            )
         self.conf.write_text("\n".join(lines) + "\n")
         (r / "cgroup.conf").write_text(
             "CgroupPlugin=cgroup/v1\nIgnoreSystemd=yes\nCgroupAutomount=no\n"
@@ -326,21 +356,6 @@ class Cluster:
             _signal_group(pid, signal.SIGKILL)
         for name in pids:
             self._pidfile(name).unlink(missing_ok=True)
-
-
-@contextlib.contextmanager
-def in_use(cluster: Cluster, alone: bool = False) -> Iterator[Cluster]:
-    """The cluster held while a test's jobs run on it: shared by every test (pytest-xdist
-    workers run them side by side), or ``alone`` for one that takes a node away (its
-    loss would end the others' jobs); an exclusive holder waits for the shared ones."""
-    import fcntl
-
-    with open(cluster.root / "use.lock", "a") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX if alone else fcntl.LOCK_SH)
-        try:
-            yield cluster
-        finally:
-            fcntl.flock(lock, fcntl.LOCK_UN)
 
 
 def uts_namespace(pid: int) -> str | None:

@@ -199,6 +199,9 @@ def end(rank: int, status: int, stopped: bool, at: float) -> MemberEnd:
         ([end(0, 75, False, 2.0), end(1, 1, False, 1.0)], 1, "worker 1 on n2"),
         ([end(0, 124, False, 2.0), end(1, 75, False, 1.0)], 124, "worker 0 on n1"),
         ([end(0, 75, False, 1.0)], 1, "worker 1 left no end"),  # its peer's node was lost
+        # its peer's node was lost with no word on the wire: worker 0 hung in a collective
+        # until its watchdog ended it; the lost one is the cause, not the survivor
+        ([end(0, 124, False, 1.0)], 1, "worker 1 left no end"),
         ([end(0, 75, False, 1.5), end(1, 75, False, 1.0)], 75, "worker 1 on n2"),  # restarted
     ],
 )

@@ -63,11 +63,11 @@ def test_a_batch_job_that_exits_42_is_requeued_and_runs_again(
 
 
 # A cluster of its own, beside the suite's: other node names and addresses, other job ids.
-OWN_NODES = (("m1", "127.0.0.3"), ("m2", "127.0.0.4"))
+OWN_NODES = (("m1", "127.0.0.5"), ("m2", "127.0.0.6"))
 
 
 def test_down_ends_every_process_the_cluster_started(tmp_path: Path) -> None:
-    c = Cluster(tmp_path / "own", nodes=OWN_NODES, first_job=100000)
+    c = Cluster(tmp_path / "own", OWN_NODES, (("debug", ("m1", "m2")),), first_job=100000)
     c.up()
     c.up()  # idempotent: a cluster that is up is left as it is
     pids = dict(c.pids())

@@ -237,10 +237,14 @@ def group_status(
     srun's own status is the highest of its tasks', so a task that failed (1) beside one
     that the step's end stopped (42) reads as a preemption. The cause is the task that
     ended on its own (not stopped), the earliest of the worst; a task that left no record
-    (its node, or its run, was lost) counts as a failure among them. When every task that
-    recorded its end was stopped: their common status if the run asked for the stop
-    (``stopping``: a task cut off then changes nothing), else a lost task is the cause.
+    (its node, or its run, was lost) counts as a failure among them, and is the cause
+    when the others only lost their peer or hung (a lost node's peers wait in a
+    collective until their watchdog ends them: they are its consequence). When every
+    task that recorded its end was stopped: their common status if the run asked for the
+    stop (``stopping``: a task cut off then changes nothing), else a lost task is the
+    cause.
     """
+    from .._outcome import Outcome
     from .statuses import outcome_of, worst_outcome
 
     if not ends:  # no task's run got as far as its end (srun could not start the step)
@@ -248,6 +252,9 @@ def group_status(
     missing = sorted(set(range(tasks)) - {e.rank for e in ends})
     lost = f"worker {missing[0]} left no end (its node or its run was lost)" if missing else ""
     own = [e for e in ends if not e.stopped]
+    peers_of_the_lost = (Outcome.LOST_PEER, Outcome.STUCK)
+    if own and missing and all(outcome_of(e.status) in peers_of_the_lost for e in own):
+        return 1, lost  # stopped or not by then, they ended for the lost task
     if own:
         worst = worst_outcome([*(e.status for e in own), *([1] if missing else [])])
         found = [e for e in own if outcome_of(e.status) is worst]
