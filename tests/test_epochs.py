@@ -53,6 +53,50 @@ async def test_train_with_epochs_resumes_at_the_same_batch_after_a_crash(logdir:
 
 
 @pytest.mark.asyncio
+async def test_the_position_is_saved_as_one_value_and_an_older_checkpoints_five_are_still_read(
+    tmp_path: Path,
+) -> None:
+    """A save writes the position as one string (TF's write costs per variable); a
+    checkpoint of the older layout, a variable each in two objects, resumes where it was."""
+    older_dir, logdir = str(tmp_path / "older"), str(tmp_path / "run")
+    v = tf.Variable(14.0)
+    position, fit = tf.Module(), tf.Module()
+    position.epoch = tf.Variable(1, dtype=tf.int64)
+    position.batch = tf.Variable(4, dtype=tf.int64)
+    fit.epoch_batches = tf.Variable(10, dtype=tf.int64)
+    fit.stopped = tf.Variable(0, dtype=tf.int64)
+    fit.logs = tf.Variable('{"loss": 0.5}')
+    older = tf.train.Checkpoint(
+        root=tf.train.Checkpoint(v=v),
+        global_step=tf.Variable(14, dtype=tf.int64),
+        data_position=position,
+        fit_state=fit,
+    )
+    _ = older.save_counter  # as every checkpoint the supervisor writes has
+    tf.compat.v1.train.update_checkpoint_state(older_dir, older.write(f"{older_dir}/model.ckpt-14"))
+
+    seen: list[int] = []
+
+    def step(batch: tf.Tensor) -> None:
+        seen.append(int(batch))
+        v.assign_add(1.0)
+
+    v.assign(0.0)
+    async with make(older_dir, v=v).session() as sess:
+        assert sess.restore_report.step == 14 and sess.data_position == (1, 4)
+        await sess.train(step, tf.data.Dataset.range(10), epochs=3, max_steps=2)
+    assert seen == [4, 5] and float(v.numpy()) == 16.0
+
+    async with make(logdir, v=v).session() as sess:
+        await sess.train(step, tf.data.Dataset.range(10), epochs=3, max_steps=12)
+    saved = dict(tf.train.list_variables(tf.train.latest_checkpoint(logdir)))
+    assert "data_place/json/.ATTRIBUTES/VARIABLE_VALUE" in saved
+    assert not [k for k in saved if k.startswith(("data_position/", "fit_state/"))]
+    async with make(logdir, v=v).session() as sess:
+        assert sess.restore_report.step == 12 and sess.data_position == (1, 2)
+
+
+@pytest.mark.asyncio
 async def test_a_function_of_the_epoch_is_called_with_each_epoch(logdir: str) -> None:
     v = tf.Variable(0.0)
     epochs: list[int] = []

@@ -390,6 +390,25 @@ def test_a_rollback_abandons_the_line_after_its_target_and_the_head_moves_there(
     assert commit.parent == target.seq and commit.branch == 1
 
 
+def test_the_history_file_writes_no_field_at_its_default_and_reads_back_the_same(
+    tmp_path: Path,
+) -> None:
+    """The file is written whole and fsynced at every commit and remembers hundreds of swept
+    ones: a field at its default is left out (a reader takes a missing one for it)."""
+    store, catalog = committed_logdir(tmp_path, [0, 3, 6, 9])
+    first = catalog.history.by_name("model.ckpt-3")
+    assert first is not None
+    catalog.roll_back(first.seq, kind="divergence", reason="nan", at_step=8, loss=12.5)
+    raw = json.loads((tmp_path / "run" / HISTORY).read_text())
+    by_name = {c["name"]: c for c in raw["commits"]}
+    assert (
+        "abandoned_by" not in by_name["model.ckpt-3"] and "metrics" not in by_name["model.ckpt-3"]
+    )
+    assert by_name["model.ckpt-6"]["abandoned_by"] == 1  # not at its default: written
+    assert "batches_dropped" not in raw["rollbacks"][0] and "loss" in raw["rollbacks"][0]
+    assert read_history(store) == catalog.history
+
+
 def test_the_head_not_the_highest_step_is_the_latest(tmp_path: Path) -> None:
     store, catalog = committed_logdir(tmp_path, [0, 5, 10])
     first = catalog.history.by_name("model.ckpt-5")

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from .._training.kept_state import NAME as STATE
 from .._training.kept_state import SEEDS, KeptState, seed_generators
-from .._training.position import FIT_STATE
+from .._training.position import LEGACY_FIT_STATE, LEGACY_POSITION
 from .._training.position import NAME as POSITION
 from .._training.reader import NAME as ITERATOR
 
@@ -36,7 +36,7 @@ if TYPE_CHECKING:
 GLOBAL_STEP = "global_step"
 # The supervisor's own parts of the state beside the global step: an older checkpoint, or
 # another tool's, may lack any of them, and is restored without it.
-OWN_PARTS = (POSITION, FIT_STATE, ITERATOR, STATE, SEEDS)
+OWN_PARTS = (POSITION, ITERATOR, STATE, SEEDS, LEGACY_POSITION, LEGACY_FIT_STATE)
 # Names the supervisor's root gives its own children (and TF's counter of saves).
 RESERVED = (GLOBAL_STEP, *OWN_PARTS, "save_counter")
 
@@ -109,6 +109,9 @@ class SavedRoot:
             seeds.states = generators
             self.ours[SEEDS] = seeds
         self.checkpoint = self._root(self.ours)
+        # Where older checkpoints held the position: restored from (``without``), never
+        # written.
+        self.legacy: dict[str, Any] = position.legacy()
         self._finite: tuple[tuple[int, ...], Any] | None = None  # (variables' ids, check)
         # The supervisor's own objects never change: their floating-point variables (a
         # float global step, say) are found once, and each save walks the user's alone.
@@ -132,18 +135,24 @@ class SavedRoot:
     def children(self) -> dict[str, Any]:
         """The top-level objects, as a save would write them now."""
         user = children_of(self.user)
-        clash = [n for n in self.ours if n in user and user[n] is not self.ours[n]]
+        own = {**self.ours, **self.legacy}
+        clash = [n for n in own if n in user and user[n] is not own[n]]
         if clash:
             raise ValueError(
                 f"the checkpoint object was given an attribute {clash[0]!r} after the "
                 "Supervisor was made: that name is the supervisor's own; rename it"
             )
-        return {**user, **self.ours}
+        return {**user, **own}
 
     def without(self, names: list[str]) -> tf.train.Checkpoint:
-        """A root without ``names`` (of the supervisor's own objects): to restore an older
-        or another tool's checkpoint that lacks them, checking that it fills the rest."""
-        return self._root({k: v for k, v in self.ours.items() if k not in names})
+        """A root without ``names`` (of the supervisor's own objects, the older layout's
+        too): to restore a checkpoint that lacks them (this layout lacks the older one's;
+        an older or another tool's lacks some of this one's), checking that it fills the
+        rest."""
+        if set(self.legacy) <= set(names) and not set(self.ours) & set(names):
+            return self.checkpoint  # this layout, whole: the root every save writes
+        own = {**self.ours, **self.legacy}
+        return self._root({k: v for k, v in own.items() if k not in names})
 
     def finite(self) -> bool:
         """Whether every floating-point variable a save writes now is finite: one

@@ -41,7 +41,7 @@ import os
 import re
 import time
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from functools import cached_property
 from typing import Any, Literal
 
@@ -168,8 +168,25 @@ class RollbackRecord:
 
 def _encode(record: Commit | RollbackRecord) -> str:
     """One entry of the history file: its fields in order, as ``json.dumps`` of the
-    dataclass's dict writes them (no deep copy: the values are plain)."""
-    return json.dumps({f.name: getattr(record, f.name) for f in fields(record)}, separators=SEP)
+    dataclass's dict writes them (no deep copy: the values are plain), less those at their
+    default, which a reader takes for a missing field (as from an older history). The file
+    is written whole and fsynced at every commit, remembering hundreds of swept ones: most
+    of their fields are at the default, and writing them doubled its size."""
+    return json.dumps(
+        {
+            f.name: value
+            for f in fields(record)
+            if not _default(f, value := getattr(record, f.name))
+        },
+        separators=SEP,
+    )
+
+
+def _default(f: Any, value: Any) -> bool:
+    """Whether ``value`` is field ``f``'s default (a field with none is always written)."""
+    if f.default is not MISSING:
+        return bool(value == f.default and type(value) is type(f.default))
+    return f.default_factory is not MISSING and value == f.default_factory()
 
 
 @dataclass(frozen=True)

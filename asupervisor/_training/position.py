@@ -4,12 +4,17 @@ One session owns one ``Position`` and changes it through its methods only. Pytho
 on the hot path (a step pays nothing for them); written into variables of the
 checkpoint just before each save, read back after a restore.
 
-Three objects go into the checkpoint: ``data_position`` (the epoch and the batch, which
-``train(epochs=)`` and ``fit`` both use), ``fit_state`` (what ``fit`` alone needs:
-the length of an epoch when the data cannot say it, whether a callback ended ``fit``,
-and the last batch's logs, for an epoch whose end a stop interrupted) and
-``data_iterator`` (the state of the iterator read there: see ``reader``).
-A checkpoint without them (older, or another tool's) restores with the first two at zero
+Two objects go into the checkpoint: ``data_place``, one string (JSON) holding the epoch
+and the batch (which ``train(epochs=)`` and ``fit`` both use) and what ``fit`` alone
+needs (the length of an epoch when the data cannot say it, whether a callback ended
+``fit``, and the last batch's logs, for an epoch whose end a stop interrupted); and
+``data_iterator`` (the state of the iterator read there: see ``reader``). One variable,
+not five in two objects: TF's write of a checkpoint costs per object and per variable,
+and a small model's save paid a fifth more for them.
+
+Checkpoints written before held the same values as ``data_position`` (the epoch and the
+batch) and ``fit_state`` (the rest), a variable each: those are still read (``legacy``).
+A checkpoint without any of them (older, or another tool's) restores with all at zero
 and no iterator state (a resume inside an epoch then skips to its batch).
 """
 
@@ -25,8 +30,10 @@ from typing import Any
 
 from .reader import Reader
 
-NAME = "data_position"  # their names in the checkpoint
-FIT_STATE = "fit_state"
+NAME = "data_place"  # its name in the checkpoint
+# The names older checkpoints gave the same values: read, no longer written.
+LEGACY_POSITION = "data_position"
+LEGACY_FIT_STATE = "fit_state"
 
 
 class Position:
@@ -36,12 +43,15 @@ class Position:
         def counter(name: str) -> tf.Variable:
             return tf.Variable(0, dtype=tf.int64, trainable=False, name=name)
 
-        module = tf.Module(name=NAME)
+        place = tf.Module(name=NAME)
+        # "": restored from no checkpoint of this layout (an older one, or none).
+        place.json = tf.Variable("", dtype=tf.string, trainable=False, name="json")
+        module = tf.Module(name=LEGACY_POSITION)
         module.epoch, module.batch = counter("epoch"), counter("batch")
-        fit = tf.Module(name=FIT_STATE)
+        fit = tf.Module(name=LEGACY_FIT_STATE)
         fit.epoch_batches, fit.stopped = counter("epoch_batches"), counter("stopped")
         fit.logs = tf.Variable("{}", dtype=tf.string, trainable=False, name="logs")
-        self.module, self.fit_module = module, fit
+        self.place, self.module, self.fit_module = place, module, fit
         self.epoch = 0
         self.batch = 0
         self.epoch_batches = 0  # batches in a whole epoch, once seen (0: not known)
@@ -54,28 +64,48 @@ class Position:
     # -- what the checkpoint holds ---------------------------------------------------
 
     def objects(self) -> dict[str, Any]:
-        """The checkpoint's children for the position, by name."""
-        return {NAME: self.module, FIT_STATE: self.fit_module, **self.reader.objects()}
+        """The checkpoint's children for the position, by name: what a save writes."""
+        return {NAME: self.place, **self.reader.objects()}
+
+    def legacy(self) -> dict[str, Any]:
+        """The children older checkpoints held the position in: restored from, when a
+        checkpoint has them, never written."""
+        return {LEGACY_POSITION: self.module, LEGACY_FIT_STATE: self.fit_module}
 
     def sync(self) -> None:
         """Training thread, before a save: the position goes into the checkpoint."""
-        fit, synced = self.fit_module, self._synced
-        synced.assign(self.module.epoch, self.epoch)
-        synced.assign(self.module.batch, self.batch)
-        synced.assign(fit.epoch_batches, self.epoch_batches)
-        synced.assign(fit.stopped, int(self.stopped))
-        synced.assign(fit.logs, json.dumps(_numbers(self.logs)))
+        place = {
+            "epoch": self.epoch,
+            "batch": self.batch,
+            "epoch_batches": self.epoch_batches,
+            "stopped": self.stopped,
+            "logs": _numbers(self.logs),
+        }
+        self._synced.assign(self.place.json, json.dumps(place, separators=(",", ":")))
         self.reader.sync((self.epoch, self.batch))
 
     def reload(self) -> None:
-        """Training thread, after a restore (or a fresh start): what the checkpoint holds."""
+        """Training thread, after a restore (or a fresh start): what the checkpoint holds,
+        in this layout or an older one's."""
         self._synced.forget()  # the restore wrote the variables
-        self.epoch = int(self.module.epoch.numpy())
-        self.batch = int(self.module.batch.numpy())
-        fit = self.fit_module
-        self.epoch_batches = int(fit.epoch_batches.numpy())
-        self.stopped = bool(fit.stopped.numpy())
-        self.logs = json.loads(fit.logs.numpy().decode() or "{}")
+        text = self.place.json.numpy().decode()
+        if text:
+            place = json.loads(text)
+            self.epoch, self.batch = int(place["epoch"]), int(place["batch"])
+            self.epoch_batches = int(place["epoch_batches"])
+            self.stopped = bool(place["stopped"])
+            self.logs = dict(place["logs"])
+            # A restore of an older checkpoint later (a rollback past an upgrade) leaves
+            # this variable as it is: it must not read as that checkpoint's. Every save
+            # assigns it again first (``sync``, the cache forgotten above).
+            self.place.json.assign("")
+        else:
+            fit = self.fit_module
+            self.epoch = int(self.module.epoch.numpy())
+            self.batch = int(self.module.batch.numpy())
+            self.epoch_batches = int(fit.epoch_batches.numpy())
+            self.stopped = bool(fit.stopped.numpy())
+            self.logs = json.loads(fit.logs.numpy().decode() or "{}")
         self.reader.reload((self.epoch, self.batch))
 
     # -- moving ----------------------------------------------------------------------
