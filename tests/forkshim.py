@@ -33,7 +33,8 @@ RELAYED = (
 
 
 def connect(path: str) -> socket.socket:
-    """A connection to the shared server, once it takes them (it imports first)."""
+    """A connection to the shared server, once it takes them (it imports first). The twin
+    of ``tests/forked.py``'s: this script runs under ``-I`` and imports nothing of the tree."""
     deadline = time.monotonic() + 300
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)

@@ -383,7 +383,6 @@ def test_per_host_members_stopped_together_fold_into_one_attempt_every_worker_st
     from asupervisor._logdir import ledger as _ledger
     from asupervisor._logdir.groups import groups
     from asupervisor._logdir.store import Store
-    from asupervisor.cli import main
     from examples.multiworker import local_tf_configs
 
     logdir = tmp_path / "run"
@@ -406,10 +405,23 @@ def test_per_host_members_stopped_together_fold_into_one_attempt_every_worker_st
     assert (preempted.attempt, preempted.status, preempted.first) == (1, 42, None), preempted
     assert [(w.host, w.status, w.stopped) for w in preempted.workers] == [(host, 42, True)] * 2
     assert preempted.cause.startswith("every worker was stopped"), preempted
+    assert_folded_and_shown(logdir, capsys, f"1 1 {host} ", "42 (preempted) stopped:")
+
+
+def assert_folded_and_shown(
+    logdir: Path, capsys: pytest.CaptureFixture[str], row_start: str, row_has: str
+) -> None:
+    """Every member's record is folded, and ``inspect`` shows the one attempt of two workers
+    on this host, with a row that starts with ``row_start`` and holds ``row_has``."""
+    import socket
+
+    from asupervisor.cli import main
+
+    host = socket.gethostname()
     left = [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
     assert left and all(n.endswith(".folded") for n in left), left  # the records are folded
     assert main(["inspect", str(logdir), "--no-verify"]) == 0
     out = capsys.readouterr().out
     assert f"group: 2 workers on {host}; 1 attempts" in out, out
     rows = [" ".join(line.split()) for line in out.splitlines()]
-    assert any(r.startswith(f"1 1 {host} ") and "42 (preempted) stopped:" in r for r in rows), out
+    assert any(r.startswith(row_start) and row_has in r for r in rows), out

@@ -25,6 +25,7 @@ from asupervisor._logdir import ledger as _ledger
 from asupervisor._logdir.store import Store
 from asupervisor.cli import main
 from tests import forked
+from tests.test_run_group import assert_folded_and_shown
 
 ROOT = Path(__file__).parents[1]
 
@@ -321,13 +322,7 @@ def test_per_host_members_of_a_job_fold_each_workers_end_into_the_chiefs_ledger(
     chiefs = [s.session for s in _ledger.sessions(records)]
     assert [ended[0].session] == chiefs
     assert ended[0].step is not None
-    left = [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
-    assert left and all(n.endswith(".folded") for n in left), left  # the records are folded
-    assert main(["inspect", str(logdir), "--no-verify"]) == 0
-    out = capsys.readouterr().out
-    assert f"group: 2 workers on {host}; 1 attempts" in out, out
-    rows = [" ".join(line.split()) for line in out.splitlines()]
-    assert any(r.startswith(f"1 * 1 {host} ") and "137 (SIGKILL)" in r for r in rows), out
+    assert_folded_and_shown(logdir, capsys, f"1 * 1 {host} ", "137 (SIGKILL)")
 
 
 TRAINS = """
