@@ -324,6 +324,42 @@ def test_the_ends_an_attempt_whose_chief_was_lost_left_are_folded_at_the_next_ch
     assert again is not None and (again.attempt, again.status, again.first) == (2, 0, None)
 
 
+def test_a_slurm_step_whose_outer_run_was_lost_with_its_node_is_folded_at_the_requeued_start(
+    tmp_path: Path,
+) -> None:
+    """SLURM ended the batch script with a lost node before its outer run read the step's
+    records: the worker on the lost node left none, the one on n3 lost its peer. The
+    requeued run's start folds them into the attempt's group line (the lost worker first,
+    the restart count before the requeue's); a record that came after its outer run wrote
+    its line is only removed; the records are gone after."""
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.groups import GroupAttempt, WorkerEnd, groups
+    from asupervisor._logdir.store import Store
+    from asupervisor._run import members
+    from asupervisor._run.slurm import member_prefix
+
+    logdir = str(tmp_path)
+    store = Store(logdir)
+    written = GroupAttempt(
+        run="early", attempt=1, time="t", status=0, cause="", slurm_job="7", slurm_restart=0,
+        workers=(WorkerEnd(rank=0, host="n3", status=0, how="done", stopped=False, first=False),),
+    )  # fmt: skip
+    _ledger.append(store, written.to_record())
+    late = MemberEnd(1, "n4", 0, False, "exited", at=900.0)
+    store.write(member_prefix("early", "1") + "1", late.to_json())
+    survivor = MemberEnd(0, "n3", 75, False, "lost a peer", at=1000.0, session="s", step=12)
+    store.write(member_prefix("lostrun", "1") + "0", survivor.to_json())
+    facts = {"slurm_job": "7", "slurm_restart": 1}
+    (group,) = members.fold_lost_steps(logdir, 2, facts)
+    assert [(w.rank, w.status, w.first) for w in group.workers] == [(0, 75, False), (1, 1, True)]
+    assert (group.run, group.attempt, group.status) == ("lostrun", 2, 1), group
+    assert "worker 1 left no end" in group.cause, group
+    assert (group.slurm_job, group.slurm_restart) == ("7", 0), group
+    assert groups(_ledger.read(store)) == [written, group]
+    assert not [n for n in os.listdir(logdir) if n.startswith(".asupervisor.member-")]
+    assert members.fold_lost_steps(logdir, 2, facts) == []
+
+
 def test_an_end_recorded_after_the_chief_folded_its_members_stop_is_never_an_attempt_of_its_own(
     tmp_path: Path,
 ) -> None:

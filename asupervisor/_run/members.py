@@ -140,6 +140,45 @@ def fold(
     return group
 
 
+def fold_lost_steps(
+    logdir: str, tasks: int, facts: Mapping[str, object] | None = None
+) -> list[_groups.GroupAttempt]:
+    """``--slurm``: the records of steps whose outer run was ended before it read them (SLURM
+    ends the batch script with a lost node, then requeues it), one group line each, oldest
+    first; called at the next outer run's start (blocking I/O: a worker thread). Such an
+    outer run reads and removes its step's records as the step ends, so a record left here
+    is of an attempt no group line holds yet (or it came late: then it is only removed).
+    The requeue that started this run came after that attempt, so its line carries the
+    restart count before this run's."""
+    store = Store(logdir)
+    found: dict[str, list[tuple[str, MemberEnd]]] = {}
+    for name in store.names():
+        if not name.startswith(MEMBER_PREFIX) or name.startswith(HOST_PREFIX):
+            continue
+        base, _, rank = name.rpartition("-")
+        if not rank.isdigit():
+            continue
+        try:
+            found.setdefault(base, []).append((name, MemberEnd.from_json(store.read(name))))
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # being written, or not ours
+    earlier = dict(facts or {})
+    restart = earlier.get("slurm_restart")
+    if isinstance(restart, int) and restart > 0:
+        earlier["slurm_restart"] = restart - 1
+    # A record that came after its outer run had read its step's (and written the line)
+    # is late, not an attempt of its own.
+    written = {(g.run, str(g.attempt)) for g in _groups.groups(_ledger.read(store))}
+    folded = []
+    for base, records in sorted(found.items(), key=lambda item: min(e.at for _, e in item[1])):
+        run, _, attempt = base.removeprefix(MEMBER_PREFIX).rpartition("-")
+        if (run, attempt) not in written:
+            folded.append(_group(store, run, tasks, [end for _, end in records], earlier))
+        for name, _ in records:
+            store.remove(name)
+    return folded
+
+
 def _group(
     store: Store, run: str, tasks: int, found: list[MemberEnd], facts: Mapping[str, object]
 ) -> _groups.GroupAttempt:

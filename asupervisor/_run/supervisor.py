@@ -268,6 +268,7 @@ class ProcessSupervisor:
                 tg.start_soon(self._watch_signals)
                 try:
                     await self._fold_members(1)  # what an earlier attempt's chief left
+                    await self._fold_lost_steps()  # what an earlier --slurm run left
                     status = await self._run()
                 except CannotStart as exc:
                     self._print(f"asupervisor run: error: {exc}")
@@ -406,6 +407,27 @@ class ProcessSupervisor:
                 return
             if group is not None:
                 self.say("group.recorded", attempt=group.attempt, cause=group.cause)
+
+    async def _fold_lost_steps(self) -> None:
+        """--slurm's outer run, at its start: the group lines of the steps an earlier outer
+        run of this logdir could not write (SLURM ended it with a lost node). Bounded; a
+        failure is said, never a reason to fail the run."""
+        tasks, logdir = self.config.step_tasks, self.config.logdir
+        if not tasks or not logdir:
+            return
+        fold = _members.fold_lost_steps
+        facts = _groups.engine_facts(os.environ)
+        groups: list[GroupAttempt] = []
+        with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
+            try:
+                groups = await anyio.to_thread.run_sync(
+                    lambda: fold(logdir, tasks, facts), abandon_on_cancel=True
+                )
+            except Exception as exc:  # a fact for inspect: never a reason to fail the run
+                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
+                return
+        for group in groups:
+            self.say("group.recorded", attempt=group.attempt, cause=group.cause)
 
     async def _group_result(self, result: AttemptResult) -> AttemptResult:
         """--slurm's outer run: the step's status decided from its tasks' recorded ends."""
