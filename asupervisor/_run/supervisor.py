@@ -439,12 +439,13 @@ class ProcessSupervisor:
         def read() -> list[MemberEnd]:
             # Each task's record by its exact name (a listing of a shared file system may
             # lag behind files made on other hosts), looked for again briefly if missing.
+            # Removed only once the step's line is written: if SLURM ends this run first
+            # (a node lost), the next outer run folds them (members.fold_lost_steps).
             store, ends = Store(logdir), dict[int, MemberEnd]()
             for _ in range(MEMBER_READ_TRIES):
                 for rank in set(range(tasks)) - set(ends):
                     with contextlib.suppress(Exception):
                         ends[rank] = MemberEnd.from_json(store.read(prefix + str(rank)))
-                        store.remove(prefix + str(rank))
                 if len(ends) == tasks:
                     break
                 time.sleep(MEMBER_READ_PAUSE_SECS)
@@ -465,12 +466,28 @@ class ProcessSupervisor:
             )  # fmt: skip
         self.say("step.ended", attempt=result.number, status=describe_status(status), cause=cause)
         await self._record_group(self._step_group(result.number, ends, tasks, status, cause))
+        await self._remove_records(logdir, [prefix + str(end.rank) for end in ends])
         await self._record_killed_chief(ends)
         decided = dataclasses.replace(step, status=status)
         first = decided if result.first_failure is not None else None
         return dataclasses.replace(
             result, ends=(decided,), first_failure=first, cause=f"{cause} {describe_status(status)}"
         )
+
+    async def _remove_records(self, logdir: str, names: list[str]) -> None:
+        """--slurm's outer run: its step's records, once its line is written. Bounded; one
+        left behind is removed by the next outer run's start, which finds the line."""
+
+        def remove() -> None:
+            store = Store(logdir)
+            for name in names:
+                store.remove(name)
+
+        with anyio.move_on_after(LOGDIR_READ_SECS):
+            try:
+                await anyio.to_thread.run_sync(remove, abandon_on_cancel=True)
+            except Exception as exc:  # the line is written: a leftover is only untidy
+                self.say("step.records_left", logdir=logdir, error=repr(exc)[:200])
 
     def _step_group(
         self, number: int, ends: list[MemberEnd], tasks: int, status: int, cause: str
