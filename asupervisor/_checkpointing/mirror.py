@@ -266,9 +266,21 @@ class Mirror:
             else:
                 import tensorflow as tf
 
-                for file in files:
-                    self._unless_superseded()
-                    tf.io.gfile.copy(self.local.path(file), self.store.path(file), overwrite=True)
+                copied: list[str] = []
+                try:
+                    for file in files:
+                        self._unless_superseded()
+                        tf.io.gfile.copy(
+                            self.local.path(file), self.store.path(file), overwrite=True
+                        )
+                        copied.append(file)
+                except _Superseded:
+                    # Data files with no index are never taken for a checkpoint, and the
+                    # next start would remove them; a stop that ends cleanly leaves none.
+                    for file in copied:
+                        with contextlib.suppress(Exception):
+                            self.store.remove(file)
+                    raise
             self.retention.commit(self.catalog, name, record)
         return True
 
