@@ -24,9 +24,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass
+from datetime import datetime, timezone
 from typing import Any
 
 EVENT = "group_attempt"
+
+
+def iso_time(timestamp: float) -> str:
+    """A group line's time (``time``, a worker's ``ended``): UTC, to the millisecond."""
+    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 def engine_facts(env: Mapping[str, str]) -> dict[str, Any]:

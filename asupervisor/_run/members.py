@@ -23,7 +23,6 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Mapping
-from datetime import datetime, timezone
 
 from .._logdir import groups as _groups
 from .._logdir import ledger as _ledger
@@ -145,9 +144,10 @@ def fold_lost_steps(
 ) -> list[_groups.GroupAttempt]:
     """``--slurm``: the records of steps whose outer run was ended before it read them (SLURM
     ends the batch script with a lost node, then requeues it), one group line each, oldest
-    first; called at the next outer run's start (blocking I/O: a worker thread). Such an
-    outer run reads and removes its step's records as the step ends, so a record left here
-    is of an attempt no group line holds yet (or it came late: then it is only removed).
+    first; called at the next outer run's start (blocking I/O: a worker thread). An outer
+    run removes its step's records once it has written the step's line, so a record left
+    here is of an attempt no group line holds yet (or it came late, or its removal failed:
+    then it is only removed).
     The requeue that started this run came after that attempt, so its line carries the
     restart count before this run's."""
     store = Store(logdir)
@@ -193,7 +193,7 @@ def _group(
     group = _groups.GroupAttempt(
         run=run,
         attempt=1 + len(_groups.groups(_ledger.read(store))),  # the chief alone writes them
-        time=_iso(time.time()),
+        time=_groups.iso_time(time.time()),
         status=status,
         cause=cause,
         workers=tuple(workers),
@@ -223,17 +223,13 @@ def worker_ends(
                 how=e.why,
                 stopped=e.stopped,
                 first=rank == first,
-                ended=_iso(e.at),
+                ended=_groups.iso_time(e.at),
                 pid=e.pid,
                 session=e.session,
                 step=e.step,
             )
         )
     return workers
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _str(value: object) -> str | None:

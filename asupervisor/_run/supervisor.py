@@ -52,9 +52,8 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime, timezone
 from typing import Any, TextIO
 
 import anyio
@@ -394,19 +393,14 @@ class ProcessSupervisor:
         logdir = self.config.logdir
         if self._host is None or self._host[0] != 0 or not logdir:
             return
-        fold = _members.fold
         args = (logdir, self.run_id, self._host[1], tries, MEMBER_READ_PAUSE_SECS)
         facts = _groups.engine_facts(os.environ)
-        with anyio.move_on_after(LOGDIR_READ_SECS + tries * MEMBER_READ_PAUSE_SECS, shield=True):
-            try:
-                group = await anyio.to_thread.run_sync(
-                    lambda: fold(*args, facts), abandon_on_cancel=True
-                )
-            except Exception as exc:  # a fact for inspect: never a reason to fail the run
-                self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
-                return
-            if group is not None:
-                self.say("group.recorded", attempt=group.attempt, cause=group.cause)
+
+        def fold() -> list[GroupAttempt]:
+            group = _members.fold(*args, facts)
+            return [] if group is None else [group]
+
+        await self._folded(fold, LOGDIR_READ_SECS + tries * MEMBER_READ_PAUSE_SECS)
 
     async def _fold_lost_steps(self) -> None:
         """--slurm's outer run, at its start: the group lines of the steps an earlier outer
@@ -415,19 +409,21 @@ class ProcessSupervisor:
         tasks, logdir = self.config.step_tasks, self.config.logdir
         if not tasks or not logdir:
             return
-        fold = _members.fold_lost_steps
         facts = _groups.engine_facts(os.environ)
-        groups: list[GroupAttempt] = []
-        with anyio.move_on_after(LOGDIR_READ_SECS, shield=True):
+        await self._folded(lambda: _members.fold_lost_steps(logdir, tasks, facts), LOGDIR_READ_SECS)
+
+    async def _folded(self, fold: Callable[[], list[GroupAttempt]], secs: float) -> None:
+        """Run a fold of recorded ends into the ledger's group lines (blocking I/O, a worker
+        thread), shielded and bounded by ``secs``; each line written is said, a failure
+        too, never a reason to fail the run (the lines are facts for inspect)."""
+        with anyio.move_on_after(secs, shield=True):
             try:
-                groups = await anyio.to_thread.run_sync(
-                    lambda: fold(logdir, tasks, facts), abandon_on_cancel=True
-                )
-            except Exception as exc:  # a fact for inspect: never a reason to fail the run
+                groups = await anyio.to_thread.run_sync(fold, abandon_on_cancel=True)
+            except Exception as exc:
                 self.say("run.ledger_unwritten", error=f"{type(exc).__name__}: {exc}"[:300])
                 return
-        for group in groups:
-            self.say("group.recorded", attempt=group.attempt, cause=group.cause)
+            for group in groups:
+                self.say("group.recorded", attempt=group.attempt, cause=group.cause)
 
     async def _group_result(self, result: AttemptResult) -> AttemptResult:
         """--slurm's outer run: the step's status decided from its tasks' recorded ends."""
@@ -530,7 +526,7 @@ class ProcessSupervisor:
                 how=end.how,
                 stopped=end.stop in (StopCause.PEER, StopCause.REQUESTED),
                 first=first is not None and end.rank == first.rank,
-                ended=_iso(end.ended_at),
+                ended=_groups.iso_time(end.ended_at),
                 pid=end.pid,
                 session=end.session,
                 step=end.reached_step,
@@ -546,7 +542,7 @@ class ProcessSupervisor:
         return GroupAttempt(
             run=self.run_id,
             attempt=number,
-            time=_iso(time.time()),
+            time=_groups.iso_time(time.time()),
             status=status,
             cause=cause,
             workers=tuple(workers),
@@ -842,10 +838,6 @@ class ProcessSupervisor:
 
 
 _LEFT_NO_END = "left no end (its node or its run was lost)"
-
-
-def _iso(timestamp: float) -> str:
-    return datetime.fromtimestamp(timestamp, tz=timezone.utc).isoformat(timespec="milliseconds")
 
 
 def _append_ledger(logdir: str, record: dict[str, Any]) -> None:
