@@ -154,6 +154,45 @@ async def test_a_resume_after_a_stop_at_a_call_boundary_is_bitwise_the_run_left_
     np.testing.assert_array_equal(weights(again), weights(alone))
 
 
+async def test_over_a_distributed_dataset_a_call_ends_where_the_data_ends(logdir: str) -> None:
+    """A distributed iterator's end is the workers' to agree on (its optional, a
+    ``tf.cond`` per step): the call ends at the epoch's last batch there too, each step
+    counted and summarized at its own number."""
+    strategy = tf.distribute.MirroredStrategy(["/cpu:0"])
+    line = Line()
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+        loss = strategy.run(lambda a, b: line.step(a, b)["loss"], args=(x, y))
+        return {"loss": strategy.reduce(tf.distribute.ReduceOp.SUM, loss, axis=None)}
+
+    def data(epoch: int) -> Any:
+        return strategy.experimental_distribute_dataset(line_data(25).batch(1))
+
+    async with supervisor(logdir, line, save_summaries_steps=1).session() as sess:
+        ran = await sess.train(step, data, epochs=2, steps_per_loop=10)
+    assert ran == 50 and sess.global_step == 50 and sess.data_position == (2, 0)
+    assert steps_of(logdir, "loss") == list(range(1, 51))
+
+
+async def test_the_end_of_a_steps_own_data_inside_a_call_stops_the_session(logdir: str) -> None:
+    """An end of data raised inside a step (the step's own iterator ran out) is not the
+    loop's data ending: the session stops for the end of data, with the steps before it
+    counted, as it does one step a call."""
+    line = Line()
+    own = iter(tf.data.Dataset.range(15))
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+        extra = tf.cast(next(own), tf.float32) * 0.0  # raises at the 16th step
+        return {"loss": line.step(x + extra, y)["loss"]}
+
+    async with supervisor(logdir, line).session() as sess:
+        await sess.train(step, line_data(40), epochs=1, steps_per_loop=10)
+    assert sess.stop_reason == "end_of_data"
+    assert sess.global_step == 15
+
+
 async def test_steps_per_loop_is_checked_and_needs_a_dataset(pair: Any) -> None:
     async with asv.Supervisor(None, handle_signals=False).session() as sess:
         with pytest.raises(ValueError, match="steps_per_loop"):

@@ -12,8 +12,17 @@ each call. What the call hands back is enough to keep the per-step ones exactly:
 - each step's scalar results (``loss`` and the dict's other single numbers), so the
   first non-finite loss is found by its step, and each step's values reach the means
   and the step summaries;
-- how many steps ran (fewer than asked when the data ran out: the iterator's
-  ``get_next_as_optional`` ends the loop at a step boundary, no batch lost).
+- how many steps ran (fewer than asked when the data ran out: the call ends at a step
+  boundary, no batch lost).
+
+Two loops, one per kind of iterator. Over a ``tf.data`` iterator of this process, the
+loop takes each batch with ``get_next`` and the data's end ends the call by its error:
+each step's numbers go into variables as the step ends (so the steps before the end are
+known), and a second count says whether the end came from the data (the next batch was
+never fetched) or from inside a step (its own error, raised as it is). Over a
+distributed iterator the workers must agree on the data's end, which its
+``get_next_as_optional`` does: a ``tf.cond`` per step, about a tenth of a tiny model's
+step, paid only there.
 """
 
 from __future__ import annotations
@@ -47,6 +56,45 @@ class Ran:
         return {name: values[j] for name, values in self.scalars.items()}
 
 
+class _Fast:
+    """The loop over a ``tf.data`` iterator of this process, and where it records: each
+    step's numbers and global step (variables of ``capacity`` places), the steps done,
+    and the batches fetched (one ahead of the steps done while a step runs)."""
+
+    def __init__(self, fn: Callable[..., Any], bare: bool, names: tuple[str, ...], capacity: int,
+                 values: list[Any], steps: Any, done: Any, fetched: Any) -> None:  # fmt: skip
+        self.fn, self.bare, self.names, self.capacity = fn, bare, names, capacity
+        self.values, self.steps, self.done, self.fetched = values, steps, done, fetched
+
+    def ran(self, outputs: Any) -> Ran:
+        """What a call that ran to its end did: its outputs, the records as it left them."""
+        count, steps, values = outputs
+        count = int(count)
+        scalars = {k: v.numpy()[:count] for k, v in zip(self.names, values, strict=True)}
+        return Ran(count, steps.numpy()[:count], scalars, self.bare)
+
+    def ended(self, raised: BaseException) -> Ran:
+        """What a call that ``raised`` did, read from the records: the steps before it.
+        The loop's data ran out (the next batch was never fetched): the call ended there.
+        Anything else (a step's error, its own data's end) is ``StepsThenError``."""
+        import tensorflow as tf
+
+        count = int(self.done.numpy())
+        ran = self.ran((count, self.steps, self.values))
+        if isinstance(raised, tf.errors.OutOfRangeError) and int(self.fetched.numpy()) == count:
+            return ran
+        raise StepsThenError(ran, raised)
+
+
+class StepsThenError(Exception):
+    """A call of many steps that ran ``ran``'s steps and then failed with ``error``: the
+    steps before the error trained, and are counted before the error goes on as it is."""
+
+    def __init__(self, ran: Ran, error: BaseException) -> None:
+        super().__init__(ran, error)
+        self.ran, self.error = ran, error
+
+
 class StepLoop:
     """One ``tf.function`` running up to ``n`` steps of ``step_fn`` over an iterator."""
 
@@ -60,35 +108,112 @@ class StepLoop:
         )
         self.step = step
         self._loops: dict[str, tuple[Callable[..., Any], bool]] = {}
+        self._fast: dict[str, _Fast] = {}
         # The last element spec seen and its loop: an iterator hands back the same spec
         # object at every call, and its repr (the key above) costs a visible part of a call.
-        self._last: tuple[Any, tuple[Callable[..., Any], bool]] | None = None
+        self._last: tuple[Any, Any] | None = None
 
     def run(self, iterator: Any, n: int) -> Ran:
         import tensorflow as tf
 
         spec, last = iterator.element_spec, self._last
-        if last is not None and last[0] is spec:
-            loop, bare = last[1]
+        if last is not None and last[0] is spec and _fits(last[1], n):
+            built = last[1]
         else:
-            key = repr(spec)
-            if key not in self._loops:
-                self._loops[key] = self._build(spec)
-            loop, bare = self._loops[key]
-            self._last = (spec, (loop, bare))
+            built = self._built(iterator, spec, n)
+            self._last = (spec, built)
+        if isinstance(built, _Fast):
+            try:
+                outputs = built.fn(iterator, tf.constant(n, tf.int32))
+            except tf.errors.OpError as exc:  # the graph's: the records say how far it got
+                return built.ended(exc)
+            return built.ran(outputs)
+        loop, bare = built
         count, steps, scalars = loop(iterator, tf.constant(n, tf.int32))
         return Ran(int(count), steps.numpy(), {k: v.numpy() for k, v in scalars.items()}, bare)
+
+    def _built(self, iterator: Any, spec: Any, n: int) -> Any:
+        import tensorflow as tf
+
+        key = repr(spec)
+        if isinstance(iterator, tf.distribute.DistributedIterator) or not isinstance(
+            iterator, tf.data.Iterator
+        ):
+            if key not in self._loops:
+                self._loops[key] = self._build(spec)
+            return self._loops[key]
+        fast = self._fast.get(key)
+        if fast is None or fast.capacity < n:
+            fast = self._fast[key] = self._build_fast(spec, n)
+        return fast
+
+    def _signature(self, spec: Any) -> tuple[bool, tuple[str, ...]]:
+        """Whether the step returns one number, and the names of its single numbers."""
+        import tensorflow as tf
+
+        args = spec if isinstance(spec, tuple) else (spec,)
+        # The step's outputs decide what is recorded: its single numbers.
+        outputs = self.step_fn.get_concrete_function(*args).structured_outputs
+        bare = not isinstance(outputs, dict)
+        parts = {"loss": outputs} if bare else outputs
+        names = tuple(str(k) for k, v in parts.items() if tf.is_tensor(v) and v.shape.rank == 0)
+        return bare, names
+
+    def _build_fast(self, spec: Any, capacity: int) -> _Fast:
+        import tensorflow as tf
+
+        step_fn, variable, owned = self.step_fn, self.step.variable, self.step.owned
+        bare, names = self._signature(spec)
+        # Made here, on the training thread, outside any strategy's scope: the loop's own
+        # records, in no checkpoint.
+        values = [tf.Variable(tf.zeros([capacity], tf.float32), trainable=False) for _ in names]
+        steps = tf.Variable(tf.zeros([capacity], tf.int64), trainable=False)
+        done = tf.Variable(0, dtype=tf.int32, trainable=False)
+        fetched = tf.Variable(0, dtype=tf.int32, trainable=False)
+
+        def loop(iterator: Any, n: Any) -> Any:
+            def more(i: Any) -> Any:
+                return i < n
+
+            def one(i: Any) -> Any:
+                # Each record waits for what it records, and the step for the record of
+                # its batch: ops of one iteration that do not depend on each other run in
+                # any order, and one may still run, or not yet, when another fails.
+                batch = iterator.get_next()
+                with tf.control_dependencies(tf.nest.flatten(batch)):
+                    took = fetched.assign(i + 1)
+                # A control input of the step's call: its ops wait for it even where they
+                # do not use the batch (the call is inlined: data inputs gate only users).
+                with tf.control_dependencies([took]):
+                    result = step_fn(*batch) if isinstance(batch, tuple) else step_fn(batch)
+                values_of = {"loss": result} if bare else result
+                outputs = [t for t in tf.nest.flatten(result) if tf.is_tensor(t)]
+                with tf.control_dependencies([*outputs, took]):  # a step that fails: not counted
+                    if owned:
+                        variable.assign_add(tf.constant(1, variable.dtype))
+                    now = tf.cast(tf.convert_to_tensor(variable), tf.int64)
+                    written = [steps[i].assign(now)] + [
+                        v[i].assign(tf.cast(values_of[k], tf.float32))
+                        for k, v in zip(names, values, strict=True)
+                    ]
+                with tf.control_dependencies(written):
+                    return done.assign(i + 1, read_value=True)
+
+            # The records start over before the first step (one that fails reads them).
+            with tf.control_dependencies([done.assign(0), fetched.assign(0)]):
+                start = tf.identity(tf.constant(0))
+            (count,) = tf.while_loop(more, one, (start,))
+            return count, steps.read_value(), [v.read_value() for v in values]
+
+        return _Fast(
+            tf.function(loop, autograph=False), bare, names, capacity, values, steps, done, fetched
+        )
 
     def _build(self, spec: Any) -> tuple[Callable[..., Any], bool]:
         import tensorflow as tf
 
         step_fn, variable, owned = self.step_fn, self.step.variable, self.step.owned
-        args = spec if isinstance(spec, tuple) else (spec,)
-        # The step's outputs decide what is recorded: its single numbers.
-        outputs = step_fn.get_concrete_function(*args).structured_outputs
-        bare = not isinstance(outputs, dict)
-        parts = {"loss": outputs} if bare else outputs
-        names = tuple(str(k) for k, v in parts.items() if tf.is_tensor(v) and v.shape.rank == 0)
+        bare, names = self._signature(spec)
 
         def loop(iterator: Any, n: Any) -> Any:
             def more(i: Any, going: Any, steps: Any, arrays: list[Any]) -> Any:
@@ -126,3 +251,7 @@ class StepLoop:
             return count, steps.stack(), stacked
 
         return tf.function(loop, autograph=False), bare
+
+
+def _fits(built: Any, n: int) -> bool:
+    return not isinstance(built, _Fast) or built.capacity >= n

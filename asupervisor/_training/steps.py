@@ -603,10 +603,21 @@ class Stepper:
             return ran  # type: ignore[no-any-return]
 
     def _in_loop(self, loop: StepLoop, n: int, counted: Any) -> Callable[[Any], Ran]:
+        from .loop import StepsThenError
+
         def call(iterator: Any) -> Ran:
-            ran = loop.run(iterator, n)
+            error: BaseException | None = None
+            try:
+                ran = loop.run(iterator, n)
+            except StepsThenError as failed:
+                ran, error = failed.ran, failed.error
             if counted is not None:
                 counted.took(ran.count)
+            if error is not None:
+                # The steps before the error trained: counted (the step, the data's place,
+                # the means) before the error goes on, so that what is saved next agrees.
+                self._counted_at_once(ran)
+                raise error
             return ran
 
         return call
@@ -631,11 +642,7 @@ class Stepper:
             and not self.summary_steps
             and runtime.checkpoints.steady(columns.get("loss"))
         ):
-            self.step.seen(int(ran.steps[count - 1]))
-            self.steps_run += count
-            runtime.position.advance(count)
-            result = self.last_result = ran.result(count - 1)
-            self.summaries.add_many(columns)
+            result = self._counted_at_once(ran, columns)
         else:
             result = self._each_step(ran)
             if result is ROLLED_BACK:
@@ -647,6 +654,19 @@ class Stepper:
         elif self.save_secs and self._due_timed_save():
             runtime.checkpoints.timed_save()
         runtime.after_step()
+
+    def _counted_at_once(self, ran: Ran, columns: dict[str, list[float]] | None = None) -> Any:
+        """A call's ``ran.count`` steps counted with no Python per step: the step, the
+        data's place, the means; the last one's result (``None`` if none ran)."""
+        count = ran.count
+        if not count:
+            return None
+        self.step.seen(int(ran.steps[count - 1]))
+        self.steps_run += count
+        self.runtime.position.advance(count)
+        self.summaries.add_many(ran.columns() if columns is None else columns)
+        result = self.last_result = ran.result(count - 1)
+        return result
 
     def _each_step(self, ran: Ran) -> Any:
         """The call's steps one at a time, each at its own number; the last one's result,
