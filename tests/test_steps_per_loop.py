@@ -193,6 +193,23 @@ async def test_the_end_of_a_steps_own_data_inside_a_call_stops_the_session(logdi
     assert sess.global_step == 15
 
 
+async def test_a_step_that_raises_inside_a_call_leaves_the_steps_before_it_counted(
+    logdir: str,
+) -> None:
+    """Step 16 raises in a call of steps 11 to 20: steps 11 to 15 trained, and are counted
+    (the step, the data's place) before the error reaches the body."""
+    line = Line()
+
+    @tf.function
+    def step(x: tf.Tensor, y: tf.Tensor) -> dict[str, tf.Tensor]:
+        return line.step(tf.debugging.check_numerics(x, "a bad batch"), y)
+
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a bad batch"):
+        async with supervisor(logdir, line).session() as sess:
+            await sess.train(step, line_data(40, poisoned=15), epochs=1, steps_per_loop=10)
+    assert sess.global_step == 15 and sess.data_position == (0, 15)
+
+
 async def test_steps_per_loop_is_checked_and_needs_a_dataset(pair: Any) -> None:
     async with asv.Supervisor(None, handle_signals=False).session() as sess:
         with pytest.raises(ValueError, match="steps_per_loop"):
