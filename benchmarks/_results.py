@@ -23,11 +23,13 @@ ROOT = RESULTS.parents[1]
 
 
 def machine() -> str:
-    try:
-        import tensorflow as tf
+    # The installed version, read without importing TensorFlow (whose start-up lines
+    # would land in the benchmark's output).
+    from importlib import metadata
 
-        version = f", TF {tf.__version__}"
-    except ImportError:  # pragma: no cover - every benchmark imports TF
+    try:
+        version = f", TF {metadata.version('tensorflow')}"
+    except metadata.PackageNotFoundError:  # pragma: no cover - every benchmark needs TF
         version = ""
     return (
         f"{platform.machine()}, {os.cpu_count()} cores, Python {platform.python_version()}{version}"

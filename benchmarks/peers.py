@@ -54,6 +54,10 @@ SYSTEMS = {
         "bare",
     ),
     "asv_run": ("asupervisor `sess.run`", "bare"),
+    "bare_hop": (
+        "bare TF2 loop, each step handed to a thread (`anyio.to_thread.run_sync`)",
+        "bare",
+    ),
     "bare_k": (f"bare TF2 loop, {K} steps per `tf.function` call", "bare_k"),
     "asv_train_k": (f"asupervisor `sess.train`, `steps_per_loop={K}`", "bare_k"),
     "asv_train_k_async": (
@@ -274,6 +278,7 @@ def child(system: str, model: str) -> None:
             "asv_train_iterations": lambda n: supervised(tf, model, n, logdir, "train_iterations"),
             "asv_run": lambda n: supervised(tf, model, n, logdir, "run"),
             "bare_k": lambda n: bare_k(tf, model, n),
+            "bare_hop": lambda n: bare_hop(tf, model, n),
             "asv_train_k": lambda n: supervised(tf, model, n, logdir, "train_k"),
             "asv_train_k_async": lambda n: supervised(tf, model, n, logdir, "train_k_async"),
             "keras_fit_k": lambda n: keras_fit(tf, model, n, logdir, "", K),
@@ -297,6 +302,25 @@ def bare(tf: Any, model: str, steps: int) -> float:
     step = tf2_step(tf, net)
     it = iter(data(tf, model))
     return timed(lambda n: [step(*next(it)) for _ in range(n)], steps)
+
+
+def bare_hop(tf: Any, model: str, steps: int) -> float:
+    """The bare loop driven from an event loop, each step run on a worker thread: the
+    hand-off ``sess.run`` makes per call, and nothing else."""
+    import anyio
+
+    net = keras_model(model)
+    step = tf2_step(tf, net)
+    it = iter(data(tf, model))
+
+    def run(n: int) -> None:
+        async def main() -> None:
+            for _ in range(n):
+                await anyio.to_thread.run_sync(step, *next(it))
+
+        anyio.run(main)
+
+    return timed(run, steps)
 
 
 def bare_k(tf: Any, model: str, steps: int) -> float:

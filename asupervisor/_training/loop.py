@@ -56,21 +56,33 @@ class Ran:
         return {name: values[j] for name, values in self.scalars.items()}
 
 
+@dataclass(frozen=True)
 class _Fast:
     """The loop over a ``tf.data`` iterator of this process, and where it records: each
-    step's numbers and global step (variables of ``capacity`` places), the steps done,
-    and the batches fetched (one ahead of the steps done while a step runs)."""
+    step's numbers (variables of ``capacity`` places), the global step after each step
+    (a variable too, for a step variable of the user's; ours moves by one a step), the
+    steps done, and the batches fetched (one ahead of the steps done while a step runs)."""
 
-    def __init__(self, fn: Callable[..., Any], bare: bool, names: tuple[str, ...], capacity: int,
-                 values: list[Any], steps: Any, done: Any, fetched: Any) -> None:  # fmt: skip
-        self.fn, self.bare, self.names, self.capacity = fn, bare, names, capacity
-        self.values, self.steps, self.done, self.fetched = values, steps, done, fetched
+    fn: Callable[..., Any]
+    bare: bool
+    names: tuple[str, ...]
+    capacity: int
+    values: list[Any]
+    steps: Any  # None for ours
+    done: Any
+    fetched: Any
+    variable: Any  # the global step
 
     def ran(self, outputs: Any) -> Ran:
         """What a call that ran to its end did: its outputs, the records as it left them."""
+        import numpy as np
+
         count, steps, values = outputs
         count = int(count)
         scalars = {k: v.numpy()[:count] for k, v in zip(self.names, values, strict=True)}
+        if self.steps is None:  # ours: ``steps`` is where the call left it, one a step
+            last = int(steps)
+            return Ran(count, np.arange(last - count + 1, last + 1), scalars, self.bare)
         return Ran(count, steps.numpy()[:count], scalars, self.bare)
 
     def ended(self, raised: BaseException) -> Ran:
@@ -80,7 +92,8 @@ class _Fast:
         import tensorflow as tf
 
         count = int(self.done.numpy())
-        ran = self.ran((count, self.steps, self.values))
+        steps = self.steps if self.steps is not None else tf.convert_to_tensor(self.variable)
+        ran = self.ran((count, steps, self.values))
         if isinstance(raised, tf.errors.OutOfRangeError) and int(self.fetched.numpy()) == count:
             return ran
         raise StepsThenError(ran, raised)
@@ -167,7 +180,9 @@ class StepLoop:
         # Made here, on the training thread, outside any strategy's scope: the loop's own
         # records, in no checkpoint.
         values = [tf.Variable(tf.zeros([capacity], tf.float32), trainable=False) for _ in names]
-        steps = tf.Variable(tf.zeros([capacity], tf.int64), trainable=False)
+        # The global step after each step: ours is where the call left it, less one a
+        # step after it; the user's may move by anything, and is recorded.
+        steps = None if owned else tf.Variable(tf.zeros([capacity], tf.int64), trainable=False)
         done = tf.Variable(0, dtype=tf.int32, trainable=False)
         fetched = tf.Variable(0, dtype=tf.int32, trainable=False)
 
@@ -189,13 +204,16 @@ class StepLoop:
                 values_of = {"loss": result} if bare else result
                 outputs = [t for t in tf.nest.flatten(result) if tf.is_tensor(t)]
                 with tf.control_dependencies([*outputs, took]):  # a step that fails: not counted
-                    if owned:
-                        variable.assign_add(tf.constant(1, variable.dtype))
-                    now = tf.cast(tf.convert_to_tensor(variable), tf.int64)
-                    written = [steps[i].assign(now)] + [
+                    written = [
                         v[i].assign(tf.cast(values_of[k], tf.float32))
                         for k, v in zip(names, values, strict=True)
                     ]
+                    if steps is None:  # ours
+                        written.append(variable.assign_add(tf.constant(1, variable.dtype)))
+                    else:
+                        written.append(
+                            steps[i].assign(tf.cast(tf.convert_to_tensor(variable), tf.int64))
+                        )
                 with tf.control_dependencies(written):
                     return done.assign(i + 1, read_value=True)
 
@@ -203,11 +221,13 @@ class StepLoop:
             with tf.control_dependencies([done.assign(0), fetched.assign(0)]):
                 start = tf.identity(tf.constant(0))
             (count,) = tf.while_loop(more, one, (start,))
-            return count, steps.read_value(), [v.read_value() for v in values]
+            after = tf.convert_to_tensor(variable) if steps is None else steps.read_value()
+            return count, after, [v.read_value() for v in values]
 
         return _Fast(
-            tf.function(loop, autograph=False), bare, names, capacity, values, steps, done, fetched
-        )
+            tf.function(loop, autograph=False), bare, names, capacity, values, steps, done,
+            fetched, variable,
+        )  # fmt: skip
 
     def _build(self, spec: Any) -> tuple[Callable[..., Any], bool]:
         import tensorflow as tf
