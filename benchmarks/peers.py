@@ -67,6 +67,7 @@ SYSTEMS = {
     "keras_fit": ("bare Keras `fit`", "keras_fit"),
     "asv_fit": ("asupervisor `sess.fit`", "keras_fit"),
     "keras_fit_k": (f"Keras `fit`, `steps_per_execution={K}`", "bare_k"),
+    "asv_fit_k": (f"asupervisor `sess.fit`, `steps_per_execution={K}`", "keras_fit_k"),
     "keras_backup_tb": ("Keras `fit` + `BackupAndRestore` + `TensorBoard`", "keras_fit"),
     "keras_ckpt_tb_backup": (
         "Keras `fit` + `ModelCheckpoint` + `TensorBoard` + `BackupAndRestore`",
@@ -164,7 +165,7 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
 
     import asupervisor as asv
 
-    net = keras_model(model)
+    net = keras_model(model, K if how == "fit_k" else 1)
     step = tf2_step(tf, net)
     dataset = data(tf, model)
     gs = net.optimizer.iterations if how == "train_iterations" else None
@@ -183,7 +184,7 @@ def supervised(tf: Any, model: str, steps: int, logdir: str, how: str) -> float:
 
     async def main() -> None:
         async with sv.session() as sess:
-            if how == "fit":
+            if how.startswith("fit"):
                 await sess.fit(net, dataset.take(WARMUP), epochs=1, verbose=0)
                 started = time.perf_counter()
                 await sess.fit(net, dataset.take(steps), epochs=2, verbose=0)
@@ -283,6 +284,7 @@ def child(system: str, model: str) -> None:
             "asv_train_k_async": lambda n: supervised(tf, model, n, logdir, "train_k_async"),
             "keras_fit_k": lambda n: keras_fit(tf, model, n, logdir, "", K),
             "asv_fit": lambda n: supervised(tf, model, n, logdir, "fit"),
+            "asv_fit_k": lambda n: supervised(tf, model, n, logdir, "fit_k"),
             "keras_fit": lambda n: keras_fit(tf, model, n, logdir, ""),
             "keras_backup_tb": lambda n: keras_fit(tf, model, n, logdir, "backup"),
             "keras_ckpt_tb_backup": lambda n: keras_fit(tf, model, n, logdir, "ckpt"),
