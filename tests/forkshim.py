@@ -78,13 +78,18 @@ def main() -> None:
     status_r, status_w = os.pipe()
     # This process's UTS namespace, for the trainer to join: on a node of the suite's
     # SLURM cluster, the node's (its host name, what the trainer would see started here).
-    uts = os.open("/proc/self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        uts = [os.open("/proc/self/ns/uts", os.O_RDONLY | os.O_CLOEXEC)]
+    except OSError:  # no namespaces to see (not Linux, a /proc without them): the server's
+        uts = []
     request = {
-        "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "keep": keep, "uts": True
+        "argv": argv, "cwd": os.getcwd(), "env": dict(os.environ), "keep": keep,
+        "uts": bool(uts),
     }  # fmt: skip
-    socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2, status_w, *keep, uts])
+    socket.send_fds(sock, [json.dumps(request).encode()], [0, 1, 2, status_w, *keep, *uts])
     os.close(status_w)
-    os.close(uts)
+    for fd in uts:
+        os.close(fd)
     trainer.append(int(json.loads(sock.recv(1 << 16))["pid"]))
     for fd in keep:
         os.close(fd)  # the trainer's alone: the runner sees its channel close when it ends
