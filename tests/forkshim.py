@@ -39,17 +39,20 @@ RELAYED = (
 
 def connect(path: str) -> socket.socket:
     """A connection to the shared server, once it takes them (it imports first). The twin
-    of ``tests/forked.py``'s: this script runs under ``-I`` and imports nothing of the tree."""
+    of ``tests/forked.py``'s: this script runs under ``-I`` and imports nothing of the tree.
+    Its directory gone, the test run that started it has ended (and killed what it
+    forked): a job it left behind on a SLURM cluster that outlives the run fails at once
+    instead of waiting."""
     deadline = time.monotonic() + 300
     while True:
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             sock.connect(path)
             return sock
-        except (FileNotFoundError, ConnectionRefusedError):
+        except (FileNotFoundError, ConnectionRefusedError) as exc:
             sock.close()
-            if time.monotonic() > deadline:
-                raise
+            if time.monotonic() > deadline or not os.path.isdir(os.path.dirname(path)):
+                raise type(exc)(exc.errno, f"no fork server at {path}: {exc.strerror}") from None
             time.sleep(0.1)
 
 
