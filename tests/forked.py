@@ -103,10 +103,10 @@ def _start(*args: str) -> tuple[subprocess.Popen[bytes], socket.socket]:
     # TensorFlow's plain kernels, not oneDNN's, in the server and all it forks (decided at
     # the import): for the suite's tiny models they cost about a tenth less CPU, and the
     # library does not act in kernels. The runs the suite compares bitwise are both forked
-    # from it (or both cold, as SLURM's jobs). Cold starts (subprocess: the demo, installs,
-    # the command line, `asupervisor run`'s children, SLURM jobs) keep TensorFlow's
-    # defaults, and so its start-up noise, which their tests check stays out of the
-    # terminal.
+    # from it (the SLURM fault tests' jobs too) or both cold. Cold starts (subprocess: the
+    # demo, installs, the command line, `asupervisor run`'s cold children) keep
+    # TensorFlow's defaults, and so its start-up noise, which their tests check stays out
+    # of the terminal.
     env.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
     proc = subprocess.Popen(
         [sys.executable, str(SERVER), str(theirs.fileno()), *args],
@@ -171,7 +171,11 @@ def runner_child(script: str | os.PathLike[str], *args: str) -> list[str]:
     forked from the shared server (``tests/forkshim.py`` stands in for it; cold without a
     shared server: pytest without ``-n``): for the tests that pin what the runner does
     with its children, not their cold start (the docs' recipes, the demo and the install
-    test start theirs cold; a test of ``--standby`` forks them from the runner's own)."""
+    test start theirs cold; a test of ``--standby`` forks them from the runner's own).
+    Under SLURM too (tests/test_slurm_faults.py: the shim runs on a node, and its trainer
+    joins the node's UTS namespace, so it has the node's host name; ``ASV_FORKSERVER``
+    reaches it through the job's environment); tests/test_slurm_jobs.py's workers start
+    cold."""
     return [sys.executable, "-I", str(SHIM), str(script), *args]
 
 

@@ -4,11 +4,12 @@ It imports TensorFlow, Keras and asupervisor once, then forks a process for each
 that arrives on the socket it was given (file descriptor FD): the child takes the stdin,
 stdout and stderr sent with the request (and any further file at the number the request's
 ``keep`` gives: an `asupervisor run` channel, tests/forkshim.py), the working directory,
-the environment and ``sys.argv``, and runs the script (a path, ``-c CODE`` or ``-m
-MODULE``) as ``__main__``, then ends as any interpreter does (non-daemon threads joined,
-atexit run, an uncaught exception printed with status 1, an uncaught KeyboardInterrupt a
-death by SIGINT). The
-server sends each child's pid back, and its exit status (``subprocess``'s convention:
+the environment and ``sys.argv``, joins the UTS namespace (the host name) sent with it if
+any (``uts``: a SLURM node of tests/slurm_cluster.py, where the shim runs), and runs the
+script (a path, ``-c CODE`` or ``-m MODULE``) as ``__main__``, then ends as any
+interpreter does (non-daemon threads joined, atexit run, an uncaught exception printed
+with status 1, an uncaught KeyboardInterrupt a death by SIGINT). The server sends each
+child's pid back, and its exit status (``subprocess``'s convention:
 minus the signal) down a pipe sent with the request.
 
 Why: each process of the suite otherwise pays ``import tensorflow`` again (seconds of one
@@ -19,12 +20,15 @@ The server is single-threaded (a fork copies only the forking thread) and ends w
 socket it was given closes, killing the children it still has. Given a path too
 (``--listen PATH``), it also takes connections there, one per test process of a
 pytest-xdist run (which then share one server, and one import), and kills a connection's
-children when that connection closes.
+children when that connection closes: at once, its loop waking on the close (a shim
+SIGKILLed, tests/forkshim.py, takes its trainer with it before anything can start again
+in its place).
 """
 
 from __future__ import annotations
 
 import array
+import ctypes
 import fcntl
 import gc
 import json
@@ -36,7 +40,9 @@ import sys
 import types
 from dataclasses import dataclass
 
-MAX_FDS = 6  # stdin, stdout, stderr, the status pipe, and up to two kept (``keep``)
+# stdin, stdout, stderr, the status pipe, up to two kept (``keep``) and a UTS namespace
+MAX_FDS = 7
+CLONE_NEWUTS = 0x04000000  # <sched.h>
 
 
 @dataclass
@@ -46,6 +52,11 @@ class Request:
     env: dict[str, str]
     fds: list[int]
     keep: list[int]  # the numbers the child has fds[4:] at (an inherited channel's)
+    uts: int | None = None  # the UTS namespace (a /proc/PID/ns/uts) the child joins
+
+    def files(self) -> list[int]:
+        """Every file descriptor the request came with."""
+        return [*self.fds, *([] if self.uts is None else [self.uts])]
 
 
 def receive(sock: socket.socket) -> Request | None:
@@ -62,7 +73,9 @@ def receive(sock: socket.socket) -> Request | None:
             fds.frombytes(payload[: len(payload) - (len(payload) % fds.itemsize)])
     message = json.loads(data)
     keep = [int(n) for n in message.get("keep", [])]
-    return Request(message["argv"], message["cwd"], message["env"], list(fds), keep)
+    given = list(fds)
+    uts = given.pop() if message.get("uts") else None  # sent last
+    return Request(message["argv"], message["cwd"], message["env"], given, keep, uts)
 
 
 def status_of(wait_status: int) -> int:
@@ -73,7 +86,12 @@ def status_of(wait_status: int) -> int:
 
 def serve(lifeline: socket.socket, listener: socket.socket | None) -> Request | None:
     """Fork for each request; in a child, return its request; in the server, None once
-    ``lifeline`` (itself a connection) has closed."""
+    ``lifeline`` (itself a connection) has closed.
+
+    Of what one wait found, the connections that closed are dealt with first (their
+    children killed), then the requests forked: a shim that died before another asked
+    (a SLURM step's, ended before the next attempt's starts) has its trainer killed
+    before the other's is forked."""
     owners: dict[int, socket.socket] = {}  # pid -> the connection that asked for it
     children: dict[int, int] = {}  # pid -> the write end of its status pipe
     selector = selectors.DefaultSelector()
@@ -82,6 +100,7 @@ def serve(lifeline: socket.socket, listener: socket.socket | None) -> Request | 
         selector.register(listener, selectors.EVENT_READ)
     try:
         while True:
+            asked: list[tuple[socket.socket, Request]] = []
             for key, _ in selector.select(timeout=0.02):
                 sock = key.fileobj
                 assert isinstance(sock, socket.socket)
@@ -96,6 +115,8 @@ def serve(lifeline: socket.socket, listener: socket.socket | None) -> Request | 
                     sock.close()
                     kill([pid for pid, owner in owners.items() if owner is sock])
                     continue
+                asked.append((sock, request))
+            for i, (sock, request) in enumerate(asked):
                 sys.stdout.flush()
                 sys.stderr.flush()
                 pid = os.fork()
@@ -105,11 +126,18 @@ def serve(lifeline: socket.socket, listener: socket.socket | None) -> Request | 
                     selector.close()
                     for fd in children.values():
                         os.close(fd)
+                    for _, later in asked[i + 1 :]:  # the others' files are not its own
+                        for fd in later.files():
+                            os.close(fd)
                     return request
-                for fd in request.fds[:3] + request.fds[4:]:
-                    os.close(fd)
+                for fd in request.files():
+                    if fd != request.fds[3]:  # the status pipe's, until the child ends
+                        os.close(fd)
                 children[pid], owners[pid] = request.fds[3], sock
-                sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                try:
+                    sock.sendall(json.dumps({"pid": pid}).encode() + b"\n")
+                except OSError:  # the asker has died (a shim SIGKILLed as it asked): the
+                    pass  # next wait finds its connection closed and kills its child
             reap(children, owners)
     finally:
         if os.getpid() == SERVER_PID:
@@ -148,10 +176,15 @@ def become(request: Request) -> None:
     fds = [fcntl.fcntl(fd, fcntl.F_DUPFD_CLOEXEC, 256) for fd in request.fds]
     for fd in request.fds:
         os.close(fd)
+    uts = None if request.uts is None else fcntl.fcntl(request.uts, fcntl.F_DUPFD_CLOEXEC, 256)
+    if request.uts is not None:
+        os.close(request.uts)
     for target, fd in [*enumerate(fds[:3]), *zip(request.keep, fds[4:], strict=True)]:
         os.dup2(fd, target)
     for fd in fds:
         os.close(fd)
+    if uts is not None:  # once its stderr is the request's: a failure is seen there
+        join_uts(uts)
     os.chdir(request.cwd)
     os.environ.clear()
     os.environ.update(request.env)
@@ -161,6 +194,25 @@ def become(request: Request) -> None:
     tempfile.tempdir = None
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+
+def join_uts(fd: int) -> None:
+    """Join the UTS namespace ``fd`` names unless it is this process's already: the child
+    of a shim on a SLURM node (tests/slurm_cluster.py: each node a UTS namespace of its
+    own) then has the node's host name, as a cold start there would, and is one of the
+    node's processes (a lost node's SIGKILL reaches it too). It needs root, as the nodes
+    do; a shim in the server's own namespace (every test but SLURM's) needs nothing. The
+    child is single-threaded here (a fork copies one thread): every thread it starts
+    later is in the namespace too."""
+    try:
+        theirs, ours = os.fstat(fd), os.stat("/proc/self/ns/uts")
+        if (theirs.st_dev, theirs.st_ino) != (ours.st_dev, ours.st_ino):
+            libc = ctypes.CDLL(None, use_errno=True)
+            if libc.setns(fd, CLONE_NEWUTS) != 0:  # Python 3.11 has no os.setns
+                errno = ctypes.get_errno()
+                raise OSError(errno, f"setns(CLONE_NEWUTS): {os.strerror(errno)}")
+    finally:
+        os.close(fd)
 
 
 def run_main(argv: list[str]) -> None:

@@ -6,12 +6,15 @@ machine that cannot run it (not root, SLURM not installed)."""
 
 from __future__ import annotations
 
+import os
 import subprocess
+import sys
 import time
 from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.slurm_cluster import Cluster, alive, in_namespaces, unavailable, uts_namespace
 
 pytestmark = pytest.mark.skipif(unavailable() is not None, reason=unavailable() or "")
@@ -29,6 +32,31 @@ def test_a_step_of_two_tasks_runs_one_on_each_node_with_its_own_host_name(
     done = run(slurm, "srun", "-N2", "-n2", "-K1", "sh", "-c", 'echo "$SLURM_PROCID $(hostname)"')
     assert done.returncode == 0, done.stderr + slurm.logs()
     assert sorted(done.stdout.split("\n")[:2]) == ["0 n1", "1 n2"], done.stdout
+
+
+def test_a_trainer_forked_for_a_shim_on_a_node_is_one_of_the_nodes_processes(
+    slurm: Cluster,
+) -> None:
+    """tests/forkshim.py on each node of a step: what the suite's fork server forks for it
+    has the node's host name and is in the node's UTS namespace (a lost node's SIGKILL
+    reaches it), as a cold start there would be (tests/test_slurm_faults.py's trainers).
+    Cold, and so the same, without a shared server (pytest without ``-n``)."""
+    code = (
+        "import os, socket; "
+        "parent = open(f'/proc/{os.getppid()}/cmdline').read().replace(chr(0), ' '); "
+        "print(os.environ['SLURM_PROCID'], socket.gethostname(), "
+        "os.readlink('/proc/self/ns/uts'), 'forkserver.py' in parent)"
+    )
+    done = run(
+        slurm, "srun", "-N2", "-n2", "-K1", sys.executable, "-I", str(forked.SHIM), "-c", code
+    )
+    assert done.returncode == 0, done.stderr + slurm.logs()
+    pids = slurm.pids()
+    shared = bool(os.environ.get(forked.ENV_SHARED))
+    assert sorted(done.stdout.splitlines()) == [
+        f"{rank} {name} {uts_namespace(pids[name])} {shared}"
+        for rank, name in enumerate(("n1", "n2"))
+    ], done.stdout + done.stderr
 
 
 def test_a_batch_job_that_exits_42_is_requeued_and_runs_again(

@@ -8,7 +8,18 @@ outside (``scancel --signal``, the time limit's warning, a node lost).
 
 Each test decides from facts on disk: the marks the faults leave, the chief's ledger, the
 workers' records of the steps they trained and the checkpoints they restored, the final
-state and SLURM's own view of the job (``scontrol show job``)."""
+state and SLURM's own view of the job (``scontrol show job``).
+
+The workers' trainers are forked from the suite's fork server (``tests/forkshim.py``
+stands in for each under its task's run; cold without a shared server: pytest without
+``-n``): every attempt of every step starts both again, and a cold start imports
+TensorFlow each time. What the faults rely on holds through the shim: the trainer joins
+its node's UTS namespace (the node's host name; a lost node's SIGKILL reaches it), the
+signals SLURM and the runs send (a notice, the time limit's warning, a stop) reach it
+through the shim, and a shim SIGKILLed (srun ending a failed step, a run killing its
+child) has the server kill its trainer at once, before the next attempt starts. A cold
+start under SLURM stays pinned by tests/test_slurm_jobs.py and tests/test_slurm_ledger.py,
+whose tiny workers start cold."""
 
 from __future__ import annotations
 
@@ -23,6 +34,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import forked
 from tests.slurm_cluster import LOSS_PARTITION, Cluster
 from tests.test_slurm_jobs import job_state, wait_for_end
 
@@ -73,7 +85,7 @@ def submit(
     plan = where / "faults.json"
     plan.write_text(json.dumps({"marks": str(job.marks), "plan": faults}))
     env = {
-        **slurm.env,
+        **slurm.env,  # with ASV_FORKSERVER, in a pytest-xdist run: the shim's server
         "PYTHONPATH": str(ROOT),
         "TF_CPP_MIN_LOG_LEVEL": "3",
         # The batch script runs `asupervisor` and `python` of this interpreter's install.
@@ -84,8 +96,10 @@ def submit(
     argv = [
         "sbatch", "--parsable", "-o", str(job.log), *sbatch_options, str(BATCH),
         "--logdir", str(job.run), "--backoff", "0", "--grace", "20", *run_options,
-        "--", sys.executable, str(PROGRAM), str(job.run), "--record", str(where / "record"),
-        "--final", str(job.final), "--faults", str(plan), *worker_options,
+        "--", *forked.runner_child(
+            PROGRAM, str(job.run), "--record", str(where / "record"), "--final", str(job.final),
+            "--faults", str(plan), *worker_options,
+        ),
     ]  # fmt: skip
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=60, check=False)
     assert done.returncode == 0, done.stderr

@@ -2,8 +2,11 @@
 the job runs as one step of a task per node, each task's worker with its TF_CONFIG from
 SLURM's environment; a failed step is started again inside the allocation, every worker
 together, with the outer run's identity. Tiny workers (no TensorFlow) speak what a real
-one would: their exit statuses. The faults of a real TensorFlow job (a notice and SLURM's
-requeue among them) are tests/test_slurm_faults.py's."""
+one would: their exit statuses. They start cold (``python worker.py`` under each task's
+run, SLURM's environment and the node's host name their own): the cold start of a
+command under SLURM stays pinned here and in tests/test_slurm_ledger.py, cheaply, while
+the faults of a real TensorFlow job (a notice and SLURM's requeue among them), whose
+trainers are forked from the suite's fork server, are tests/test_slurm_faults.py's."""
 
 from __future__ import annotations
 

@@ -1,8 +1,9 @@
 """What a SLURM job leaves in its ledger, on a real two-node cluster (tests/slurm_cluster.py):
 ``asupervisor run --slurm``'s outer run writes, after each attempt of its step, how every
 worker ended and on which node, which one failed first, SLURM's job id and restart count;
-``asupervisor inspect`` shows the group's attempts. Tiny workers (no TensorFlow), as in
-tests/test_slurm_jobs.py."""
+``asupervisor inspect`` shows the group's attempts. Tiny workers (no TensorFlow), started
+cold, as in tests/test_slurm_jobs.py: the hosts the ledger holds come from processes
+started on the nodes themselves."""
 
 from __future__ import annotations
 
