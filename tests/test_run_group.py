@@ -398,22 +398,30 @@ def test_an_end_recorded_after_the_chief_folded_its_members_stop_is_never_an_att
 
 
 STOPPED_42 = """
-    import signal, sys, time
-    # As a session does: a stop signal ends it preempted (42).
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(42))
+    import os, signal, sys, time
+    # As a session does: a stop signal ends it preempted (42), after its final save
+    # (STOP_SECS: how long that takes).
+    def stop(*_):
+        time.sleep(float(os.environ.get("STOP_SECS", "0")))
+        sys.exit(42)
+    signal.signal(signal.SIGTERM, stop)
     print("started", flush=True)
     time.sleep(600)
 """
 
 
+@pytest.mark.parametrize("non_chief_stop_secs", [0, 8])
 def test_per_host_members_stopped_together_fold_into_one_attempt_every_worker_stopped(
-    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], non_chief_stop_secs: int
 ) -> None:
     """Two `asupervisor run`, each one member of a two-worker job (its TF_CONFIG names the
     other), stopped together as a JobSet's restart or a preemption stops its pods: each
     records its stop and its end (42); the chief's folds them into its ledger as one
-    attempt, every worker stopped, none first, and inspect shows it. (A real two-worker
-    job under per-host members, one killed, is in test_run_sessions.py.)"""
+    attempt, every worker stopped, none first, and inspect shows it, also when the other
+    member's end comes seconds after the chief's (its final save is slower, its host is
+    loaded): the chief waits for it within the grace, not taking its stop for a kill.
+    (A real two-worker job under per-host members, one killed, is in
+    test_run_sessions.py.)"""
     import socket
 
     from asupervisor._logdir import ledger as _ledger
@@ -424,14 +432,18 @@ def test_per_host_members_stopped_together_fold_into_one_attempt_every_worker_st
     logdir = tmp_path / "run"
     logdir.mkdir()
     script = child(tmp_path, STOPPED_42)
-    args = ("--logdir", str(logdir), "--no-heartbeat", "--", sys.executable, script)
-    members = [supervisor(*args, env_extra={"TF_CONFIG": c}) for c in local_tf_configs(2)]
+    args = ("--logdir", str(logdir), "--no-heartbeat", "--grace", "120", "--", sys.executable,
+            script)  # fmt: skip
+    members = [
+        supervisor(*args, env_extra={"TF_CONFIG": c, "STOP_SECS": str(non_chief_stop_secs * i)})
+        for i, c in enumerate(local_tf_configs(2))
+    ]
     try:
         for member in members:
             assert member.stdout is not None and member.stdout.readline() == "started\n"
         for member in members:
             member.send_signal(signal.SIGTERM)
-        done = [member.communicate(timeout=60) for member in members]
+        done = [member.communicate(timeout=120) for member in members]
     finally:
         for member in members:
             member.kill()

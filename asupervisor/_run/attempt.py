@@ -70,9 +70,18 @@ class Control:
         self.stop_requested = anyio.Event()
         self.hard_stop = anyio.Event()
         self._changed = anyio.Event()
+        self.stop_asked_at: float | None = None  # monotonic: when the stop was asked
 
     def changed(self) -> None:
         self._changed.set()
+
+    def ask_stop(self) -> None:
+        """The run is asked to stop (the first stop signal): its attempts stop within the
+        grace from now."""
+        if self.stop_asked_at is None:
+            self.stop_asked_at = time.monotonic()
+        self.stop_requested.set()
+        self.changed()
 
     async def wait(self, secs: float) -> None:
         """Until something changed, or ``secs`` passed."""

@@ -45,6 +45,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import math
 import os
 import resource
 import signal
@@ -108,7 +109,6 @@ MEMBER_READ_PAUSE_SECS = 0.5  # between two looks
 # apart) for the other members' ends: a peer's worker takes a collective's timeout (seen:
 # 10-15 s) to find the chief's gone, and an end folded later is an attempt's line apart.
 MEMBER_FOLD_TRIES = 60
-MEMBER_FOLD_STOPPING_TRIES = 10  # after a stop: the others were stopped too, and end soon
 EXIT_SECS = 10.0  # what a process needs after its session's stop to exit (the grace rule)
 LOGDIR_READ_SECS = 10.0  # the report waits no longer for an unreachable logdir
 FILES_PER_WORKER = 4  # a child's stderr and channel (read ends; write ends while it starts), a port
@@ -376,14 +376,16 @@ class ProcessSupervisor:
                     self.say("run.member_end_unwritten", logdir=logdir, error=repr(exc)[:200])
 
     def _fold_tries(self) -> int:
-        """How many looks the chief's end waits for the others' ends: fewer once a stop
-        was asked (a stop is bounded by the grace: its end waits little more), one after a
-        second SIGINT."""
+        """How many looks the chief's end waits for the others' ends: once a stop was
+        asked, until the grace from the stop has passed (the others were stopped too, each
+        within the same grace; a loaded host's member may take seconds past its child's
+        end to record its own), at least one; one after a second SIGINT."""
         control = self._control
         if control is not None and control.hard_stop.is_set():
             return 1
-        if control is not None and control.stop_requested.is_set():
-            return MEMBER_FOLD_STOPPING_TRIES
+        if control is not None and control.stop_asked_at is not None:
+            left = control.stop_asked_at + self.config.grace_secs - time.monotonic()
+            return max(1, math.ceil(left / MEMBER_READ_PAUSE_SECS))
         return MEMBER_FOLD_TRIES
 
     async def _fold_members(self, tries: int) -> None:
@@ -588,8 +590,7 @@ class ProcessSupervisor:
                         self.kill_everything()
                         control.changed()
                     continue
-                control.stop_requested.set()
-                control.changed()
+                control.ask_stop()
                 if (self._outer or self._host) is not None and self._tg is not None:
                     self._tg.start_soon(self._record_member_stopping)
                 self.say(
