@@ -119,7 +119,8 @@ def test_killed_in_a_local_save_between_a_commit_and_its_copy_and_in_a_copy_it_r
     # 3. SIGKILL between a local commit and its copy: a slow store keeps the mirror
     # behind, and the local tier's head is newer than the logdir's.
     with gcs.slow(0.3):
-        until(lambda: (local_head(here) or 0) > (remote_head(gcs, where) or 0), "a lead")
+        # Each look asks the emulator: not every 2 ms (a lead lasts a slow request, 0.3 s).
+        until(lambda: (local_head(here) or 0) > (remote_head(gcs, where) or 0), "a lead", poll=0.02)
         run.kill()
     ahead, behind = local_head(here), remote_head(gcs, where)
     # The case under test: the logdir's commit is behind the local tier's. Whether the
@@ -134,7 +135,7 @@ def test_killed_in_a_local_save_between_a_commit_and_its_copy_and_in_a_copy_it_r
     run = Trainer(where, *args)
     assert run.wait_restored() == ahead
     assert tier_of(run) == "local"
-    until(lambda: (remote_head(gcs, where) or 0) >= ahead, "the copy of the restored commit")
+    until(lambda: (remote_head(gcs, where) or 0) >= ahead, "the copy of the restored commit", 0.05)
 
     # 5. SIGKILL during a copy: the mirror's upload of a newer checkpoint has begun.
     prefix = where.removeprefix(f"gs://{where.split('/')[2]}/").replace("/", "%2F")

@@ -16,6 +16,18 @@ from tests import forked
 from tests.conftest import named
 
 
+async def pause() -> None:
+    """A swallowing service's loop goes round at once once the stop is asked (its wait
+    returns) and once it is cancelled (every await raises again): it would spin a core
+    for the whole grace, and beside a process's exit (its ``EXIT_SECS``). A pause no
+    cancellation reaches keeps it a service that never ends, without the spin."""
+    with anyio.CancelScope(shield=True):
+        try:
+            await anyio.sleep(0.05)
+        except anyio.get_cancelled_exc_class():
+            pass  # asyncio's own (a task's cancel(), which no shield holds): swallowed too
+
+
 @pytest.mark.anyio
 async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
     logdir: str, events: list[dict[str, Any]]
@@ -33,6 +45,7 @@ async def test_a_service_that_swallows_its_cancellation_cannot_hold_the_session(
                 await sess.sleep_until_stop(1)
             except anyio.get_cancelled_exc_class():
                 pass  # swallowed: it goes on
+            await pause()
 
     started = time.monotonic()
     async with sv.session():
@@ -124,6 +137,11 @@ SWALLOWS = textwrap.dedent(
                     await sess.sleep_until_stop(1)
                 except anyio.get_cancelled_exc_class():
                     pass  # swallowed: it goes on
+                with anyio.CancelScope(shield=True):  # as pause() below
+                    try:
+                        await anyio.sleep(0.05)
+                    except anyio.get_cancelled_exc_class():
+                        pass  # asyncio's own, as the loop ends: swallowed too
 
         async with sv.session() as sess:
             await anyio.sleep(0.1)
