@@ -239,6 +239,58 @@ def run_main(argv: list[str]) -> None:
 SERVER_PID = os.getpid()
 
 
+def end_as_an_interpreter_does(argv: list[str]) -> None:
+    """Run the script, then end as Python's exit does (an uncaught exception printed by
+    sys.excepthook with status 1, SystemExit's code, non-daemon threads joined, atexit
+    run, the standard streams and the child's own open files flushed), but with
+    ``os._exit``: the interpreter's teardown (every module's objects let go, which writes
+    to every page the server shared: about 0.3 s of CPU a child) is skipped."""
+    import atexit
+    import io
+    import threading
+
+    status, interrupted = 0, False
+    try:
+        run_main(argv)
+    except SystemExit as exc:
+        code = exc.code
+        if code is None:
+            status = 0
+        elif isinstance(code, int):
+            status = code & 0xFF
+        else:
+            print(code, file=sys.stderr)
+            status = 1
+    except KeyboardInterrupt:
+        sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+        interrupted = True
+    except BaseException:
+        sys.excepthook(*sys.exc_info())  # type: ignore[arg-type]
+        status = 1
+    try:
+        threading._shutdown()  # type: ignore[attr-defined]
+    except BaseException:
+        pass
+    atexit._run_exitfuncs()
+    # The child's files (the server's are frozen: gc.get_objects sees only the child's).
+    for obj in gc.get_objects():
+        if isinstance(obj, io.IOBase):
+            try:
+                if not obj.closed and obj.writable():
+                    obj.flush()
+            except BaseException:
+                pass
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except BaseException:
+            pass
+    if interrupted:
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    os._exit(status)
+
+
 def import_quietly() -> None:
     """TensorFlow, Keras and asupervisor imported with the server's stderr held aside:
     TensorFlow's native start-up lines (absl's "before InitializeLog", cudart's "Could not
@@ -286,4 +338,4 @@ if __name__ == "__main__":
     if child is None:
         sys.exit(0)
     become(child)
-    run_main(child.argv)
+    end_as_an_interpreter_does(child.argv)
