@@ -17,7 +17,14 @@ import pytest
 
 from asupervisor._outcome import Outcome
 from asupervisor._run.group import Restarts, StatusMap, membership
-from asupervisor._run.slurm import MemberEnd, Step, expand_counts, group_status, tf_config
+from asupervisor._run.slurm import (
+    MemberEnd,
+    Step,
+    cause_rank,
+    expand_counts,
+    group_status,
+    tf_config,
+)
 from tests.slurm_cluster import Cluster
 from tests.test_run import ROOT, child
 
@@ -218,6 +225,14 @@ def test_a_task_cut_off_while_the_run_stops_does_not_turn_the_stop_into_a_failur
     assert group_status([end(0, 42, True, 1.0)], 2, 137, stopping=True)[0] == 42
 
 
+def test_a_task_lost_with_its_node_is_the_cause_when_the_rest_were_stopped_for_it() -> None:
+    # SLURM stops the rest of a job whose node failed: the task left on n1 lost its peer
+    # and was stopped with the step, the one on n2 left nothing. The lost one is the cause.
+    status, why = group_status([end(0, 75, True, 1.0)], 2, 137, stopping=True)
+    assert (status, why) == (1, "worker 1 left no end (its node or its run was lost)")
+    assert cause_rank([end(0, 75, True, 1.0)], 2, status) == 1
+
+
 # -- on a real SLURM cluster ----------------------------------------------------------------
 
 
@@ -322,6 +337,24 @@ def test_the_ends_an_attempt_whose_chief_was_lost_left_are_folded_at_the_next_ch
         members.write(logdir, "r", MemberEnd(rank, f"pod-{rank}", 0, False, "exited", at=2000.0))
     again = members.fold(logdir, "next-run", 3, wait_tries=1, pause_secs=0)
     assert again is not None and (again.attempt, again.status, again.first) == (2, 0, None)
+
+
+def test_a_members_record_being_written_is_not_taken_for_its_end(tmp_path: Path) -> None:
+    """A member's record mid-write (``Store.write``'s temporary name, whole already) is no
+    record: the chief's fold waits for the renamed one, not folding the stop it holds as
+    the member's end (under load, the other member's stop was folded as a kill, 137)."""
+    from asupervisor._logdir.store import Store
+    from asupervisor._run import members
+
+    logdir = str(tmp_path)
+    members.write(logdir, "chief", MemberEnd(0, "pod-0", 42, True, "exited", at=1000.0))
+    stopping = MemberEnd(1, "pod-1", 137, True, "killed before its end", at=1000.0)
+    name = members.record_name(1, "other", stopping=True) + ".tmp123"
+    Store(logdir).write(name, stopping.to_json())  # as a write caught before its rename
+    group = members.fold(logdir, "chief", 2, wait_tries=1, pause_secs=0)
+    assert group is not None
+    assert [(w.rank, w.status) for w in group.workers] == [(0, 42), (1, 1)], group
+    assert "worker 1 left no end" in group.cause, group
 
 
 def test_a_slurm_step_whose_outer_run_was_lost_with_its_node_is_folded_at_the_requeued_start(

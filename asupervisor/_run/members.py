@@ -21,6 +21,7 @@ are each host's own clock.
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import Mapping
 
@@ -33,6 +34,11 @@ HOST_PREFIX = f"{MEMBER_PREFIX}host-"
 STOPPING = ".stopping"  # a member's record of its stop, which its end replaces
 FOLDED = ".folded"  # the mark a folded record leaves
 LEFT_NO_END = "left no end (its host or its run was lost)"
+# A member's record (rank, run), its record of a stop, or the mark of a folded one; never
+# a record being written (``Store.write``'s temporary name beside it).
+_RECORD = re.compile(
+    rf"{re.escape(HOST_PREFIX)}\d+-[^.]+(?:{re.escape(STOPPING)}|{re.escape(FOLDED)})?"
+)
 
 
 def rank_in(tf_config: str) -> tuple[int, int] | None:
@@ -84,7 +90,7 @@ def _looked(store: Store) -> tuple[dict[str, MemberEnd], dict[str, MemberEnd], s
     stops: dict[str, MemberEnd] = {}
     folded = set()
     for name in store.names():
-        if not name.startswith(HOST_PREFIX):
+        if not _RECORD.fullmatch(name):  # not ours, or a write's temporary name
             continue
         if name.endswith(FOLDED):
             folded.add(name.removesuffix(FOLDED))

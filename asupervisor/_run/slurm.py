@@ -253,8 +253,12 @@ def group_status(
     lost = f"worker {missing[0]} left no end (its node or its run was lost)" if missing else ""
     own = [e for e in ends if not e.stopped]
     peers_of_the_lost = (Outcome.LOST_PEER, Outcome.STUCK)
-    if own and missing and all(outcome_of(e.status) in peers_of_the_lost for e in own):
-        return 1, lost  # stopped or not by then, they ended for the lost task
+    # Those that ended on their own, else (every one was stopped: SLURM stops the rest of
+    # a job whose node failed) all of them: if each lost its peer or hung, they ended for
+    # the lost task, stopped or not by then, whoever asked for the stop.
+    considered = own or ends
+    if missing and all(outcome_of(e.status) in peers_of_the_lost for e in considered):
+        return 1, lost
     if own:
         worst = worst_outcome([*(e.status for e in own), *([1] if missing else [])])
         found = [e for e in own if outcome_of(e.status) is worst]
