@@ -34,6 +34,7 @@ SCRIPT = textwrap.dedent(
     import anyio, tensorflow as tf
     import asupervisor as asv
     from asupervisor.hooks import StopAtStepHook
+    from tests.swallowing import pause
 
     logdir, backend, case = sys.argv[1:4]
     v = tf.Variable(0.0)
@@ -89,14 +90,7 @@ SCRIPT = textwrap.dedent(
                         await sess.sleep_until_stop(1)
                     except anyio.get_cancelled_exc_class():
                         pass  # swallowed: it goes on
-                    # Not round again at once (once the stop is asked, every wait returns
-                    # or raises at once: it would spin a core through the grace and the
-                    # exit's wait): a pause no cancellation reaches, swallowing asyncio's.
-                    with anyio.CancelScope(shield=True):
-                        try:
-                            await anyio.sleep(0.05)
-                        except anyio.get_cancelled_exc_class():
-                            pass
+                    await pause()  # no spin through the grace
 
         with anyio.CancelScope() as outside:
             async with sv.session() as sess:

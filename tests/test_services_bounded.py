@@ -14,18 +14,7 @@ import pytest
 import asupervisor as asv
 from tests import forked
 from tests.conftest import named
-
-
-async def pause() -> None:
-    """A swallowing service's loop goes round at once once the stop is asked (its wait
-    returns) and once it is cancelled (every await raises again): it would spin a core
-    for the whole grace, and beside a process's exit (its ``EXIT_SECS``). A pause no
-    cancellation reaches keeps it a service that never ends, without the spin."""
-    with anyio.CancelScope(shield=True):
-        try:
-            await anyio.sleep(0.05)
-        except anyio.get_cancelled_exc_class():
-            pass  # asyncio's own (a task's cancel(), which no shield holds): swallowed too
+from tests.swallowing import pause
 
 
 @pytest.mark.anyio
@@ -125,6 +114,7 @@ SWALLOWS = textwrap.dedent(
     import sys
     import anyio
     import asupervisor as asv
+    from tests.swallowing import pause
 
     async def main():
         sv = asv.Supervisor(sys.argv[1], save_model_secs=0, save_summaries_secs=0,
@@ -137,11 +127,7 @@ SWALLOWS = textwrap.dedent(
                     await sess.sleep_until_stop(1)
                 except anyio.get_cancelled_exc_class():
                     pass  # swallowed: it goes on
-                with anyio.CancelScope(shield=True):  # as pause() below
-                    try:
-                        await anyio.sleep(0.05)
-                    except anyio.get_cancelled_exc_class():
-                        pass  # asyncio's own, as the loop ends: swallowed too
+                await pause()  # no spin through the grace
 
         async with sv.session() as sess:
             await anyio.sleep(0.1)
