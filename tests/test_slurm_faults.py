@@ -23,6 +23,8 @@ whose tiny workers start cold."""
 
 from __future__ import annotations
 
+import contextlib
+import io
 import itertools
 import json
 import os
@@ -141,13 +143,16 @@ def sessions(job: Job) -> list[object]:
 
 
 def inspect(job: Job) -> str:
-    done = subprocess.run(
-        [sys.executable, "-m", "asupervisor", "inspect", str(job.run)],
-        env={**os.environ, "PYTHONPATH": str(ROOT)}, capture_output=True, text=True,
-        timeout=120, check=False,
-    )  # fmt: skip
-    assert done.returncode == 0, done.stderr
-    return done.stdout
+    """``asupervisor inspect`` of the job's logdir, run in this process: TensorFlow is
+    imported here already (a process of its own would import it again, for a table; a
+    cold ``inspect`` stays pinned by tests/test_cli.py and the nohup recipe)."""
+    from asupervisor.cli import main
+
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        status = main(["inspect", str(job.run)])
+    assert status == 0, out.getvalue()
+    return out.getvalue()
 
 
 @pytest.fixture
