@@ -46,7 +46,7 @@ K = 100  # steps per call of the many-steps-per-call rows
 # a second, the model's steps would be about a second, where one save (every SAVE_SECS)
 # more or less, or a call's set-up (a new iterator), weighs as much as the difference
 # measured. A long run pays those at their rate in time, as the longer window does.
-K_TIMES = 10
+K_TIMES = {"tiny": 10, "medium": 1}  # the medium model's steps last long enough as they are
 
 # system: (label, its own bare loop)
 SYSTEMS = {
@@ -309,7 +309,7 @@ def timed_steps(system: str, model: str) -> int:
     before and after): the K-step rows and their references, ``K_TIMES`` as many."""
     steps = MODELS[model][4]
     many = system.endswith("_k") or system.endswith("_k_async")
-    return steps * K_TIMES if many else steps
+    return steps * K_TIMES[model] if many else steps
 
 
 def bare(tf: Any, model: str, steps: int) -> float:
@@ -414,7 +414,7 @@ def main() -> None:
         median = {s: statistics.median(v) for s, v in rates.items()}
         print(
             f"\n{model} model {shape}, Adam, batch {batch}, {steps} timed steps ({K} steps "
-            f"per call: {steps * K_TIMES}), {args.rounds} "
+            f"per call: {steps * K_TIMES[model]}), {args.rounds} "
             "rounds (median steps/s; time per step vs the bare loops):\n"
         )
         print(
