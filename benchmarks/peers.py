@@ -34,19 +34,19 @@ from typing import Any
 from _results import write
 
 SAVE_SECS, SUMMARY_SECS = 2.0, 1.0
-# name: (inputs, hidden, outputs, batch, timed steps)
+# name: (inputs, hidden, outputs, batch, timed steps, timed steps of the K-step rows).
+# The K-step rows of the tiny model time ten times the steps: at five thousand steps a
+# second, 6,000 steps last about a second, where one save (every SAVE_SECS) more or less,
+# or a call's set-up (a new iterator), weighs as much as the difference measured; a long
+# run pays those at their rate in time, as the longer window does. The medium model's
+# steps last long enough as they are.
 MODELS = {
-    "tiny": (64, [32], 10, 32, 6000),
-    "medium": (784, [512, 512], 10, 128, 1500),
+    "tiny": (64, [32], 10, 32, 6000, 60000),
+    "medium": (784, [512, 512], 10, 128, 1500, 1500),
 }
 TIMES = "\u00d7"
 WARMUP = 200  # steps before the clock starts: tracing, first saves' set-up
 K = 100  # steps per call of the many-steps-per-call rows
-# The many-steps-per-call rows time this many times the steps: at several thousand steps
-# a second, the model's steps would be about a second, where one save (every SAVE_SECS)
-# more or less, or a call's set-up (a new iterator), weighs as much as the difference
-# measured. A long run pays those at their rate in time, as the longer window does.
-K_TIMES = {"tiny": 10, "medium": 1}  # the medium model's steps last long enough as they are
 
 # system: (label, its own bare loop)
 SYSTEMS = {
@@ -89,7 +89,7 @@ SYSTEMS = {
 def data(tf: Any, model: str) -> Any:
     import numpy as np
 
-    inputs, _, outputs, batch, _ = MODELS[model]
+    inputs, _, outputs, batch, _, _ = MODELS[model]
     rng = np.random.default_rng(0)
     x = rng.normal(size=(batch * 64, inputs)).astype("float32")
     y = rng.integers(0, outputs, size=batch * 64)
@@ -99,7 +99,7 @@ def data(tf: Any, model: str) -> Any:
 def keras_model(model: str, steps_per_execution: int = 1) -> Any:
     import keras
 
-    inputs, hidden, outputs, _, _ = MODELS[model]
+    inputs, hidden, outputs, _, _, _ = MODELS[model]
     layers = [keras.layers.Dense(h, activation="relu") for h in hidden]
     net = keras.Sequential([keras.Input((inputs,)), *layers, keras.layers.Dense(outputs)])
     net.compile(
@@ -243,7 +243,7 @@ def tf1(tf: Any, model: str, steps: int, logdir: str, monitored: bool) -> float:
 
 def tf1_graph(tf: Any, model: str, steps: int, logdir: str, monitored: bool) -> float:
     v1 = tf.compat.v1
-    inputs, hidden, outputs, _, _ = MODELS[model]
+    inputs, hidden, outputs, _, _, _ = MODELS[model]
     x, y = v1.data.make_one_shot_iterator(data(tf, model)).get_next()
     h, width = x, inputs
     for i, units in enumerate([*hidden, outputs]):
@@ -306,10 +306,9 @@ def child(system: str, model: str) -> None:
 
 def timed_steps(system: str, model: str) -> int:
     """How many steps ``system`` is timed over (its own bare loop over half as many,
-    before and after): the K-step rows and their references, ``K_TIMES`` as many."""
-    steps = MODELS[model][4]
-    many = system.endswith("_k") or system.endswith("_k_async")
-    return steps * K_TIMES[model] if many else steps
+    before and after): the K-step rows (and their references) their own number."""
+    many = system.endswith(("_k", "_k_async"))
+    return MODELS[model][5 if many else 4]
 
 
 def bare(tf: Any, model: str, steps: int) -> float:
@@ -401,7 +400,7 @@ def main() -> None:
     load_before = os.getloadavg()[0]  # the machine's load: the figures' conditions
     table: list[dict[str, object]] = []
     for model in models:
-        inputs, hidden, outputs, batch, steps = MODELS[model]
+        inputs, hidden, outputs, batch, steps, k_steps = MODELS[model]
         shape = "-".join(map(str, [inputs, *hidden, outputs]))
         rates: dict[str, list[float]] = {s: [] for s in systems}
         paired: dict[str, list[float]] = {s: [] for s in systems}  # own bare / system, per run
@@ -414,7 +413,7 @@ def main() -> None:
         median = {s: statistics.median(v) for s, v in rates.items()}
         print(
             f"\n{model} model {shape}, Adam, batch {batch}, {steps} timed steps ({K} steps "
-            f"per call: {steps * K_TIMES[model]}), {args.rounds} "
+            f"per call: {k_steps}), {args.rounds} "
             "rounds (median steps/s; time per step vs the bare loops):\n"
         )
         print(

@@ -156,7 +156,7 @@ class StepLoop:
                 self._loops[key] = self._build(spec)
             return self._loops[key]
         fast = self._fast.get(key)
-        if fast is None or fast.capacity < n:
+        if fast is None or not _fits(fast, n):
             fast = self._fast[key] = self._build_fast(spec, n)
         return fast
 
