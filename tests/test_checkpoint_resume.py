@@ -12,8 +12,6 @@ import tensorflow as tf
 import asupervisor as asv
 from tests.conftest import Pair, named
 
-pytestmark = pytest.mark.asyncio
-
 
 def steps_on_disk(sv: asv.Supervisor) -> list[int]:
     assert sv.logdir is not None
@@ -31,6 +29,7 @@ def make(logdir: str, pair: Pair, **kwargs: Any) -> asv.Supervisor:
     return asv.Supervisor(logdir, checkpoint={"pair": pair}, **kwargs)
 
 
+@pytest.mark.asyncio
 async def test_a_restart_restores_values_and_step_and_skips_init_fn(
     logdir: str, events: list[dict[str, Any]]
 ) -> None:
@@ -59,6 +58,7 @@ async def test_a_restart_restores_values_and_step_and_skips_init_fn(
     assert named(events, "session.started")[-1]["restored_from"].endswith("model.ckpt-7")
 
 
+@pytest.mark.asyncio
 async def test_timed_saves_come_on_their_interval(
     logdir: str, pair: Pair, events: list[dict[str, Any]]
 ) -> None:
@@ -76,6 +76,7 @@ async def test_timed_saves_come_on_their_interval(
     assert {e["step"] for e in saved} == set(steps)
 
 
+@pytest.mark.asyncio
 async def test_the_checkpoint_service_started_by_hand_saves_by_the_clock_between_steps(
     logdir: str, pair: Pair
 ) -> None:
@@ -97,6 +98,7 @@ async def test_the_checkpoint_service_started_by_hand_saves_by_the_clock_between
     assert saved == [0, 1]  # the final save finds step 1 saved
 
 
+@pytest.mark.asyncio
 async def test_checkpoints_hold_step_boundary_states(logdir: str, pair: Pair) -> None:
     """Saves are jobs on the training thread: never between a and b's updates."""
     sv = make(logdir, pair, save_model_secs=0.01, max_to_keep=None)
@@ -112,6 +114,7 @@ async def test_checkpoints_hold_step_boundary_states(logdir: str, pair: Pair) ->
         assert a == b == step
 
 
+@pytest.mark.asyncio
 async def test_save_model_steps_saves_every_n_steps(logdir: str, pair: Pair) -> None:
     sv = make(logdir, pair, save_model_secs=0, save_model_steps=5, max_to_keep=None)
     async with sv.session() as sess:
@@ -120,6 +123,7 @@ async def test_save_model_steps_saves_every_n_steps(logdir: str, pair: Pair) -> 
     assert steps_on_disk(sv) == [0, 5, 10, 12]
 
 
+@pytest.mark.asyncio
 async def test_save_model_secs_zero_disables_checkpoints(logdir: str, pair: Pair) -> None:
     sv = make(logdir, pair, save_model_secs=0)
     async with sv.session() as sess:
@@ -127,6 +131,7 @@ async def test_save_model_secs_zero_disables_checkpoints(logdir: str, pair: Pair
     assert steps_on_disk(sv) == []
 
 
+@pytest.mark.asyncio
 async def test_no_final_save_after_an_error(logdir: str, pair: Pair) -> None:
     sv = make(logdir, pair)
     with pytest.raises(ZeroDivisionError):
@@ -136,6 +141,7 @@ async def test_no_final_save_after_an_error(logdir: str, pair: Pair) -> None:
     assert steps_on_disk(sv) == [0]
 
 
+@pytest.mark.asyncio
 async def test_max_to_keep_keeps_the_newest(logdir: str, pair: Pair) -> None:
     sv = make(logdir, pair, save_model_secs=0, save_model_steps=1, max_to_keep=2)
     async with sv.session() as sess:
@@ -145,6 +151,7 @@ async def test_max_to_keep_keeps_the_newest(logdir: str, pair: Pair) -> None:
     assert tf.train.latest_checkpoint(logdir).endswith("model.ckpt-6")
 
 
+@pytest.mark.asyncio
 async def test_a_non_chief_restores_but_writes_nothing(logdir: str) -> None:
     chief_pair = Pair()
     async with make(logdir, chief_pair).session() as sess:
@@ -161,6 +168,7 @@ async def test_a_non_chief_restores_but_writes_nothing(logdir: str) -> None:
     assert sorted(os.listdir(logdir)) == before
 
 
+@pytest.mark.asyncio
 async def test_a_waiting_non_chief_times_out(logdir: str, pair: Pair) -> None:
     worker = make(logdir, pair, is_chief=False, recovery_wait_secs=0.05)
     with pytest.raises(asv.WaitTimeout, match="no checkpoint"):
@@ -168,6 +176,7 @@ async def test_a_waiting_non_chief_times_out(logdir: str, pair: Pair) -> None:
             pass
 
 
+@pytest.mark.asyncio
 async def test_a_mismatched_checkpoint_is_refused(logdir: str, pair: Pair) -> None:
     async with make(logdir, pair).session() as sess:
         await sess.run(pair.step)

@@ -109,6 +109,47 @@ async def test_the_loop_watch_decides_a_loop_held_past_a_stops_grace_is_stuck(
     assert "in blocks_the_loop" in stack and "handed.wait(30)" in stack
 
 
+@pytest.mark.anyio
+async def test_services_that_each_block_the_loop_briefly_at_a_stop_hold_it_as_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """The stop wakes every service waiting for it in the same turn of the loop, so
+    their blocks run back to back, each shorter than a stall, with no answer between
+    them: the watch sees one hold, and decides once the grace is spent. (The model-based
+    search found it: three services that each blocked 1 s at a 2 s grace ended the
+    process, as the docs say a loop held past the grace does.)"""
+    from asupervisor._session import loopwatch as _loopwatch
+    from asupervisor._training.thread import loop_caller
+
+    monkeypatch.setattr(_loopwatch, "STALL_SECS", 0.3)
+    asked: list[float | None] = [None]
+    held: list[str] = []
+    stop = anyio.Event()
+
+    def end(held_by: str, where: str, stack: str) -> None:
+        held.append(where)
+
+    async def blocker() -> None:
+        await stop.wait()
+        if not held:
+            time.sleep(0.25)  # shorter than a stall; the blocks together are longer
+
+    watch = _loopwatch.LoopWatch(
+        loop_caller(), grace_secs=0.2, stop_asked_at=lambda: asked[0], held=end
+    )
+    watch.start()
+    try:
+        async with anyio.create_task_group() as tg:
+            for _ in range(16):
+                tg.start_soon(blocker)
+            await anyio.sleep(0.1)
+            asked[0] = time.monotonic()
+            stop.set()
+    finally:
+        watch.stop()
+    assert len(held) == 1 and held[0].endswith("in blocker"), held
+
+
 SWALLOWS = textwrap.dedent(
     """
     import sys
