@@ -638,6 +638,35 @@ async def test_a_killed_sessions_lost_steps_are_those_its_points_were_drawn_to(
     assert "| 2 | now | 5 | | running | | ≥ 4 |" in values["run/history"]
 
 
+def test_the_history_table_holds_new_starts_after_clean_ends_beside_restarts(
+    tmp_path: Any,
+) -> None:
+    # Two runs that ended done, one after the other on one logdir, then one that failed
+    # and its restart: the new starts lost nothing (a person's, each a run segment of its
+    # own), the restart lost what the failed one trained past its restore. (The table
+    # once read the restarts by the sessions' places and failed past the first new start.)
+    from asupervisor._logdir import ledger
+    from asupervisor._logdir.store import Store
+    from asupervisor._training.run_story import run_story
+
+    store = Store(str(tmp_path))
+    t = "2026-01-01T00:00:{:02d}+00:00".format
+    ended = [("a", 0, "done", 0, 10), ("b", 10, "done", 0, 20), ("c", 20, "failed", 1, 27)]
+    for i, (session, restored, outcome, status, step) in enumerate(ended):
+        ledger.append(store, {"session": session, "started": t(10 * i), "restored_step": restored})
+        ledger.append(store, {"session": session, "first_step_at": t(10 * i + 1)})
+        ledger.append(
+            store,
+            {"session": session, "ended": t(10 * i + 5), "outcome": outcome,
+             "exit_status": status, "step": step},
+        )  # fmt: skip
+    values = run_story(store, "d", 25, "checkpoint", drawn_to=None)
+    assert values["run/restarts"] == 1.0 and values["run/steps_lost"] == 2.0
+    rows = [line for line in values["run/history"].splitlines() if line.startswith("| ")]
+    lost = [row.split("|")[-2].strip() for row in rows[1:]]
+    assert lost == ["", "", "", "2"], rows  # the last cell of each session's row
+
+
 KILLED_AT_EIGHT = """
 import asyncio, sys
 import tensorflow as tf

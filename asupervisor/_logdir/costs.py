@@ -147,17 +147,8 @@ def _segment_goodput(sessions: list[SessionRecord]) -> Goodput | None:
     if begin is None or end is None:
         return None
     losses: list[tuple[float, float]] = []  # (from, to): time that made no kept step
-    restarts = []
     for index, session in enumerate(sessions):
-        first = _epoch(session.first_step_at)
-        # From the commit of what it restored (fresh: from the segment's start); a session
-        # that restored a checkpoint of unknown time loses from its own start.
-        if index == 0 or session.source != "checkpoint":
-            since = _epoch(session.started) if index == 0 else begin
-        else:
-            since = _epoch(session.restored_commit_at) or _epoch(session.started)
-        if index > 0:
-            restarts.append(_restart(sessions[index - 1], session, since))
+        first, since = _epoch(session.first_step_at), _since(sessions, index, begin)
         if first is not None and since is not None:
             losses.append((since, first))
     last = sessions[-1]
@@ -167,7 +158,41 @@ def _segment_goodput(sessions: list[SessionRecord]) -> Goodput | None:
         ended = _epoch(last.ended)
         if kept is not None and ended is not None:
             losses.append((kept, ended))
+    restarts = [r for r in _segment_restarts(sessions, begin) if r is not None]
     return Goodput(max(end - begin, 0.0), _union(losses, begin, end), tuple(restarts))
+
+
+def restarts_of(sessions: list[SessionRecord]) -> list[RestartCost | None]:
+    """Each of the ledger's sessions (oldest first) with the restart that began it, or
+    ``None`` where it began a run segment (the run's first start, or a person's new start
+    after a clean end: nothing of the session before was lost)."""
+    found: list[RestartCost | None] = []
+    for segment in _segments(sessions):
+        begin = next((t for s in segment if (t := _epoch(s.started)) is not None), None)
+        found += _segment_restarts(segment, begin)
+    return found
+
+
+def _segment_restarts(
+    sessions: list[SessionRecord], begin: float | None
+) -> list[RestartCost | None]:
+    """A segment's sessions' restarts: ``None`` for its first, each other a restart."""
+    return [None] + [
+        _restart(sessions[i - 1], sessions[i], _since(sessions, i, begin))
+        for i in range(1, len(sessions))
+    ]
+
+
+def _since(sessions: list[SessionRecord], index: int, begin: float | None) -> float | None:
+    """When the time a segment's session lost before its first step began: from the commit
+    of what it restored (fresh: from the segment's start ``begin``); a session that restored
+    a checkpoint of unknown time loses from its own start."""
+    session = sessions[index]
+    if index == 0:
+        return _epoch(session.started)
+    if session.source != "checkpoint":
+        return begin
+    return _epoch(session.restored_commit_at) or _epoch(session.started)
 
 
 def _union(spans: list[tuple[float, float]], begin: float, end: float) -> float:

@@ -64,17 +64,16 @@ def run_story(
     this = _ledger.SessionRecord(
         session=session, started=now, restored_step=restored, source=source
     )
-    told = _costs.goodput([*before, this])
-    restarts = told.restarts if told is not None else ()
-    values: dict[str, Any] = {"run/restarts": float(len(restarts))}
+    # Each session's restart, this one's last; none where a session began a run segment
+    # (a person's new start after a clean end: nothing of the session before was lost).
+    restarts = _costs.restarts_of([*before, this])
+    values: dict[str, Any] = {"run/restarts": float(sum(r is not None for r in restarts))}
     values["run/rollbacks"] = float(len(read_history(store).divergences()))
     so_far = _costs.goodput(before) if before else None
     if so_far is not None and so_far.wall_secs > 0:
         values["run/goodput"] = so_far.fraction
-    # This session's start is a restart only if it adds one (a person's new start after a
-    # clean end begins a run segment: nothing of the session before was lost).
-    is_restart = len(restarts) > (len(so_far.restarts) if so_far is not None else 0)
-    lost = _lost(restarts[-1], before[-1], restored, drawn_to) if is_restart else None
+    this_restart = restarts[-1]
+    lost = None if this_restart is None else _lost(this_restart, before[-1], restored, drawn_to)
     if lost is not None:
         values["run/steps_lost"] = float(lost[0])
     values["run/history"] = _table(before, restarts, restored, lost, so_far)
@@ -98,28 +97,28 @@ def _lost(
 
 def _table(
     before: list[_ledger.SessionRecord],
-    restarts: tuple[_costs.RestartCost, ...],
+    restarts: list[_costs.RestartCost | None],
     restored: int,
     lost: tuple[int, bool] | None,
     so_far: _costs.Goodput | None,
 ) -> str:
-    head = f"{len(restarts)} restart{'' if len(restarts) == 1 else 's'}"
+    """``restarts``: each session's (``before``'s, then this one's), ``None`` for a new start."""
+    count = sum(r is not None for r in restarts)
+    head = f"{count} restart{'' if count == 1 else 's'}"
     if so_far is not None and so_far.wall_secs > 0:
         head += f", goodput {so_far.fraction:.1%} of {_duration(so_far.wall_secs)}"
     rows = [
         "| session | began (UTC) | from step | ended | how | at step | steps lost |",
         "|---:|---|---:|---|---|---:|---:|",
     ]
-    for index, s in enumerate(before):
-        steps_lost = "" if index == 0 else _count(restarts[index - 1].lost_steps)
+    for s, restart in zip(before, restarts, strict=False):
+        steps_lost = "" if restart is None else _count(restart.lost_steps)
         how = "killed (no end recorded)" if s.ended is None else f"{s.outcome} ({s.exit_status})"
         rows.append(
-            f"| {index + 1} | {_when(s.started)} | {_count(s.restored_step)} | "
+            f"| {len(rows) - 1} | {_when(s.started)} | {_count(s.restored_step)} | "
             f"{_when(s.ended)} | {how} | {_count(s.step)} | {steps_lost} |"
         )
     this_lost = "" if lost is None else f"{'≥ ' if lost[1] else ''}{lost[0]}"
-    if not before:
-        this_lost = ""
     rows.append(f"| {len(before) + 1} | now | {restored} | | running | | {this_lost} |")
     if len(rows) > HISTORY_ROWS + 2:
         rows = rows[:2] + rows[-HISTORY_ROWS:]
