@@ -638,7 +638,7 @@ async def test_a_killed_sessions_lost_steps_are_those_its_points_were_drawn_to(
     assert "| 2 | now | 5 | | running | | ≥ 4 |" in values["run/history"]
 
 
-def test_the_history_table_holds_new_starts_after_clean_ends_beside_restarts(
+async def test_the_history_table_holds_new_starts_after_clean_ends_beside_restarts(
     tmp_path: Any,
 ) -> None:
     # Two runs that ended done, one after the other on one logdir, then one that failed
