@@ -665,6 +665,7 @@ async def test_the_history_table_holds_new_starts_after_clean_ends_beside_restar
     rows = [line for line in values["run/history"].splitlines() if line.startswith("| ")]
     lost = [row.split("|")[-2].strip() for row in rows[1:]]
     assert lost == ["", "", "", "2"], rows  # the last cell of each session's row
+    assert [row.split("|")[1].strip() for row in rows[1:]] == ["1", "2", "3", "4"], rows
 
 
 KILLED_AT_EIGHT = """

@@ -165,7 +165,8 @@ def _segment_goodput(sessions: list[SessionRecord]) -> Goodput | None:
 def restarts_of(sessions: list[SessionRecord]) -> list[RestartCost | None]:
     """Each of the ledger's sessions (oldest first) with the restart that began it, or
     ``None`` where it began a run segment (the run's first start, or a person's new start
-    after a clean end: nothing of the session before was lost)."""
+    after a clean end: nothing of the session before was lost). Every segment's, timed
+    or not: ``goodput`` leaves out a segment with no start it can read."""
     found: list[RestartCost | None] = []
     for segment in _segments(sessions):
         begin = next((t for s in segment if (t := _epoch(s.started)) is not None), None)

@@ -111,11 +111,11 @@ def _table(
         "| session | began (UTC) | from step | ended | how | at step | steps lost |",
         "|---:|---|---:|---|---|---:|---:|",
     ]
-    for s, restart in zip(before, restarts, strict=False):
+    for number, (s, restart) in enumerate(zip(before, restarts[:-1], strict=True), 1):
         steps_lost = "" if restart is None else _count(restart.lost_steps)
         how = "killed (no end recorded)" if s.ended is None else f"{s.outcome} ({s.exit_status})"
         rows.append(
-            f"| {len(rows) - 1} | {_when(s.started)} | {_count(s.restored_step)} | "
+            f"| {number} | {_when(s.started)} | {_count(s.restored_step)} | "
             f"{_when(s.ended)} | {how} | {_count(s.step)} | {steps_lost} |"
         )
     this_lost = "" if lost is None else f"{'≥ ' if lost[1] else ''}{lost[0]}"
