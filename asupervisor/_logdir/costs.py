@@ -142,8 +142,7 @@ def goodput(sessions: list[SessionRecord]) -> Goodput | None:
 
 def _segment_goodput(sessions: list[SessionRecord]) -> Goodput | None:
     """One segment's goodput: its restarts, and the time its start-ups and restarts lost."""
-    begin = next((t for s in sessions if (t := _epoch(s.started)) is not None), None)
-    end = _last_time(sessions)
+    begin, end = _begin(sessions), _last_time(sessions)
     if begin is None or end is None:
         return None
     losses: list[tuple[float, float]] = []  # (from, to): time that made no kept step
@@ -169,8 +168,7 @@ def restarts_of(sessions: list[SessionRecord]) -> list[RestartCost | None]:
     or not: ``goodput`` leaves out a segment with no start it can read."""
     found: list[RestartCost | None] = []
     for segment in _segments(sessions):
-        begin = next((t for s in segment if (t := _epoch(s.started)) is not None), None)
-        found += _segment_restarts(segment, begin)
+        found += _segment_restarts(segment, _begin(segment))
     return found
 
 
@@ -182,6 +180,11 @@ def _segment_restarts(
         _restart(sessions[i - 1], sessions[i], _since(sessions, i, begin))
         for i in range(1, len(sessions))
     ]
+
+
+def _begin(sessions: list[SessionRecord]) -> float | None:
+    """A segment's start: its first session start that can be read."""
+    return next((t for s in sessions if (t := _epoch(s.started)) is not None), None)
 
 
 def _since(sessions: list[SessionRecord], index: int, begin: float | None) -> float | None:
