@@ -306,29 +306,41 @@ class Stepper:
         self, fn: Callable[..., Any], args: tuple[Any, ...], kwargs: dict[str, Any]
     ) -> Any:
         """One step with hooks around it; what it raises is classified by the runtime."""
-        runtime = self.runtime
-        runtime.thread.check_fence()
-        runtime.thread.mark_step()
-        with self._classified():
-            ctx = self.before(args, kwargs)
+        thread = self.runtime.thread
+        thread.check_fence()
+        thread.mark_step()
+        # A try, not ``_classified``: a context manager's frames are a visible part of the
+        # Python around a tiny model's step, which runs after the step evicted it from cache.
+        try:
+            ctx = self.before(args, kwargs) if self.hooks else None
             call, counted_in_graph = self.prepared(fn)
             result = self._call_step(call, args, kwargs)
             self.after(ctx, result, counted_in_graph)
             return result
+        except Rewind:
+            raise
+        except BaseException as exc:
+            self._reraise_classified(exc)
+            raise
+
+    def _reraise_classified(self, exc: BaseException) -> None:
+        """Raise what the runtime classifies ``exc`` as, when that is another error
+        (``job_failed``: the error it stands for); return when it is ``exc`` itself."""
+        replacement = self.runtime.job_failed(exc)
+        if replacement is not exc:
+            raise replacement from exc
 
     @contextlib.contextmanager
     def _classified(self) -> Iterator[None]:
-        """What a step (or a call of steps) raises, as the runtime classifies it
-        (``job_failed``: the same error, or the one it stands for); a ``Rewind`` as it is."""
+        """What a call of steps raises, as the runtime classifies it (see
+        ``_reraise_classified``); a ``Rewind`` as it is."""
         try:
             yield
         except Rewind:
             raise
         except BaseException as exc:
-            replacement = self.runtime.job_failed(exc)
-            if replacement is exc:
-                raise
-            raise replacement from exc
+            self._reraise_classified(exc)
+            raise
 
     def before(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> RunContext | None:
         """Before a step (or a batch of ``fit``): the hooks' ``before_run``."""

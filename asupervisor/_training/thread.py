@@ -215,8 +215,11 @@ class TrainingThread:
     def check_fence(self) -> None:
         """On the training thread: raise ``SessionClosed`` if the session has closed or the
         job running now (or one it runs inside) was given up on by its owner."""
-        if self.closed or any(job.fenced for job, _ in self._stack):
+        if self.closed:
             raise SessionClosed("the session has closed, or gave up on this job")
+        for job, _ in self._stack:  # a loop, not any(): no generator per step
+            if job.fenced:
+                raise SessionClosed("the session has closed, or gave up on this job")
 
     def _execute(self, job: Job) -> None:
         self._training = False  # until the job marks a training step of its own
