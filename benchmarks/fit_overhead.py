@@ -1,12 +1,17 @@
 """Keras ``model.fit`` bare vs under ``sess.fit`` (checkpoints every 2 s, summaries every 1 s).
 
 Both run the same compiled model over the same data in this process, interleaved,
-for several rounds; the medians and their ratio are printed.
+for several rounds; the medians are printed, and the ratio of the two taken in each round
+(the one to read on a machine whose speed drifts), with its median.
 
-    python benchmarks/fit_overhead.py [--rounds 3] [--epochs 4] [--steps-per-execution 1 10]
+    python benchmarks/fit_overhead.py [--rounds 5] [--epochs 3] [--steps-per-execution 1 10]
+        [--pipelines plain cached]
 
 With ``--steps-per-execution K ...`` each K is measured (``compile(steps_per_execution=K)``,
-the same for both), interleaved with the others, a pair of rows each.
+the same for both), interleaved with the others, a pair of rows each. The pipelines: the
+in-memory data batched (``plain``), and the same with an in-memory ``cache()``
+(``cached``), whose whole content TF's state of the iterator holds: ``sess.fit`` saves that
+state with every checkpoint, bare ``fit`` saves nothing.
 """
 
 from __future__ import annotations
@@ -22,8 +27,11 @@ from _results import write
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
+SAMPLES = 32768  # 1,024 batches of 32 an epoch: 8 MiB of data, 9 MB of cached state
+PIPELINES = ("plain", "cached")
 
-def setup(tf: Any, keras: Any, per_call: int = 1) -> tuple[Any, Any]:
+
+def setup(tf: Any, keras: Any, per_call: int = 1, cached: bool = False) -> tuple[Any, Any]:
     keras.utils.set_random_seed(0)
     model = keras.Sequential(
         [keras.Input((64,)), keras.layers.Dense(64, activation="relu"), keras.layers.Dense(10)]
@@ -33,15 +41,18 @@ def setup(tf: Any, keras: Any, per_call: int = 1) -> tuple[Any, Any]:
         loss=keras.losses.SparseCategoricalCrossentropy(from_logits=True),
         steps_per_execution=per_call,
     )
-    x = tf.random.normal((4096, 64))
-    y = tf.random.uniform((4096,), maxval=10, dtype=tf.int64)
-    return model, tf.data.Dataset.from_tensor_slices((x, y)).batch(32).cache()
+    x = tf.random.normal((SAMPLES, 64))
+    y = tf.random.uniform((SAMPLES,), maxval=10, dtype=tf.int64)
+    data = tf.data.Dataset.from_tensor_slices((x, y)).batch(32)
+    return model, data.cache() if cached else data
 
 
-async def supervised(tf: Any, keras: Any, epochs: int, per_call: int = 1) -> float:
+async def supervised(
+    tf: Any, keras: Any, epochs: int, per_call: int = 1, cached: bool = False
+) -> float:
     import asupervisor as asv
 
-    model, data = setup(tf, keras, per_call)
+    model, data = setup(tf, keras, per_call, cached)
     model.fit(data.take(2), epochs=1, verbose=0)  # trace, as the bare run does
     # and over the session's stream (its iterator is of another type: a trace of its own,
     # once per process, that the bare run does not pay either)
@@ -63,8 +74,8 @@ async def supervised(tf: Any, keras: Any, epochs: int, per_call: int = 1) -> flo
     return epochs * int(data.cardinality()) / seconds
 
 
-def bare(tf: Any, keras: Any, epochs: int, per_call: int = 1) -> float:
-    model, data = setup(tf, keras, per_call)
+def bare(tf: Any, keras: Any, epochs: int, per_call: int = 1, cached: bool = False) -> float:
+    model, data = setup(tf, keras, per_call, cached)
     model.fit(data.take(2), epochs=1, verbose=0)
     started = time.perf_counter()
     model.fit(data, epochs=epochs, verbose=0)
@@ -73,44 +84,54 @@ def bare(tf: Any, keras: Any, epochs: int, per_call: int = 1) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--rounds", type=int, default=5)
+    # 1,024 batches an epoch: 3 epochs are seconds long, several saves and summaries.
+    parser.add_argument("--epochs", type=int, default=3)
     parser.add_argument("--steps-per-execution", type=int, nargs="+", default=[1])
+    parser.add_argument("--pipelines", nargs="+", default=list(PIPELINES), choices=PIPELINES)
     args = parser.parse_args()
     import anyio
     import keras
     import tensorflow as tf
 
-    ks = args.steps_per_execution
-    plain: dict[int, list[float]] = {k: [] for k in ks}
-    managed: dict[int, list[float]] = {k: [] for k in ks}
+    cases = [(k, p) for k in args.steps_per_execution for p in args.pipelines]
+    plain: dict[tuple[int, str], list[float]] = {c: [] for c in cases}
+    managed: dict[tuple[int, str], list[float]] = {c: [] for c in cases}
     for _ in range(args.rounds):
-        for k in ks:
-            plain[k].append(bare(tf, keras, args.epochs, k))
-            managed[k].append(anyio.run(supervised, tf, keras, args.epochs, k))
+        for k, pipeline in cases:
+            cached = pipeline == "cached"
+            plain[k, pipeline].append(bare(tf, keras, args.epochs, k, cached))
+            managed[k, pipeline].append(anyio.run(supervised, tf, keras, args.epochs, k, cached))
     rows = []
-    for k in ks:
-        p, m = statistics.median(plain[k]), statistics.median(managed[k])
-        per = "" if ks == [1] else f", steps_per_execution={k}"
+    for case in cases:
+        k, pipeline = case
+        p, m = statistics.median(plain[case]), statistics.median(managed[case])
+        per = f", steps_per_execution={k}" if args.steps_per_execution != [1] else ""
+        per += ", cache()" if pipeline == "cached" else ""
         for name, rate, rounds in (
-            ("model.fit bare", p, plain[k]),
-            ("sess.fit supervised", m, managed[k]),
+            ("model.fit bare", p, plain[case]),
+            ("sess.fit supervised", m, managed[case]),
         ):
             shown = ", ".join(f"{r:.0f}" for r in rounds)
-            print(f"{name + per:<44} {rate:8.1f} steps/s  ({shown})")
-        print(f"step time, supervised / bare: {p / m:.2f}x")
+            print(f"{name + per:<56} {rate:8.1f} steps/s  ({shown})")
+        paired = [b / a for b, a in zip(plain[case], managed[case], strict=True)]
+        middle = statistics.median(paired)
+        each = ", ".join(f"{r:.2f}" for r in paired)
+        print(f"step time, supervised / bare, each round: {middle:.2f}x ({each})")
         rows += [
             {
                 "system": f"model.fit bare{per}",
                 "steps/s": p,
-                "rounds": plain[k],
+                "rounds": plain[case],
                 "time per step": 1.0,
+                "time per step, each round": "\u2014",
             },
             {
                 "system": f"sess.fit supervised{per}",
                 "steps/s": m,
-                "rounds": managed[k],
+                "rounds": managed[case],
                 "time per step": p / m,
+                "time per step, each round": f"**{middle:.2f}\u00d7** ({each})",
             },
         ]
     write("fit_overhead", rows)

@@ -247,6 +247,77 @@ async def test_a_shuffle_without_any_seed_is_said_to_be_not_exact_once(
     assert seeded.seen and not named(events, "data.not_exact")
 
 
+@ONE_LOOP
+async def test_a_data_state_that_holds_an_in_memory_cache_is_said_to_be_large_once(
+    logdir: str, events: list[dict[str, Any]]
+) -> None:
+    """An in-memory ``cache()`` is in TF's state of the iterator whole, and so in every
+    checkpoint: a run saving every few seconds writes the cache each time. Said once a
+    session, with the size and what to do; a pipeline that only buffers a little is not."""
+
+    def wide(cached: bool) -> tf.data.Dataset:
+        def row(i: tf.Tensor) -> tf.Tensor:  # noise: TF compresses the state it saves
+            return tf.random.stateless_uniform([2048], seed=tf.stack([i, tf.constant(0, tf.int64)]))
+
+        batches = tf.data.Dataset.range(3000).map(row).batch(100)  # 800 KiB a batch
+        return batches.cache() if cached else batches
+
+    v = tf.Variable(0.0)
+
+    def step(batch: tf.Tensor) -> tf.Tensor:
+        v.assign_add(batch[0, 0])
+        return v
+
+    async def run(logdir: str, cached: bool) -> None:
+        sv = asv.Supervisor(
+            logdir,
+            checkpoint={"v": v},
+            save_model_steps=10,  # 10 batches: 8 MiB of cache more at each save
+            save_model_secs=0,
+            save_summaries_secs=0,
+            handle_signals=False,
+        )
+        async with sv.session() as sess:
+            await sess.train(step, wide(cached), epochs=1)
+
+    await run(logdir, cached=True)
+    (said,) = named(events, "data.state_large")  # once, though three saves held it
+    assert said["mib"] >= 16 and "cache" in said["reason"]
+    assert "cache(filename)" in said["hint"]
+    events.clear()
+    await run(logdir + "-uncached", cached=False)
+    assert not named(events, "data.state_large")
+
+
+@ONE_LOOP
+async def test_a_dataset_given_once_is_fingerprinted_once_a_session_not_at_each_epoch(
+    logdir: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fingerprint of a few MB of in-memory data is tens of milliseconds: at each
+    epoch's iterator it was a tenth of a small model's epoch under ``fit``. A dataset is
+    immutable, so its fingerprint is taken once; an epoch function's datasets each once."""
+    from asupervisor._training import fingerprint
+
+    taken: list[str] = []
+    real = fingerprint.of_dataset
+
+    def counted(dataset: Any) -> str:
+        taken.append(real(dataset))
+        return taken[-1]
+
+    monkeypatch.setattr(fingerprint, "of_dataset", counted)
+    dataset = tf.data.Dataset.range(40).batch(10)
+    learner = Learner()
+    async with supervisor(logdir, learner).session() as sess:
+        await sess.train(learner.step, dataset, epochs=3)
+    assert len(learner.seen) == 12 and len(taken) == 1 and taken[0]
+    taken.clear()
+    learner = Learner()
+    async with supervisor(logdir + "-fn", learner).session() as sess:
+        await sess.train(learner.step, lambda epoch: tf.data.Dataset.range(40).batch(10), epochs=3)
+    assert len(learner.seen) == 12 and len(taken) == 3 and len(set(taken)) == 1
+
+
 def stop_after(sess: asv.ManagedSession, batches: int) -> Any:
     """A Keras callback that stops the session after ``batches`` batches, as a SIGTERM."""
     import keras

@@ -44,6 +44,7 @@ restores it into an iterator of the same pipeline and reads on from there.
 from __future__ import annotations
 
 import json
+import weakref
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -56,6 +57,10 @@ NAME = "data_iterator"  # its name in the checkpoint
 FORMAT = 1
 CHANGED = "the pipeline changed"  # the reason a saved state is not restored into another
 STREAM = -1  # the key of fit's one stream over every epoch (steps_per_epoch over a dataset)
+# A state this large is said once a session (``data.state_large``): it is written with
+# every checkpoint, and TF's state holds the pipeline's buffers whole (an in-memory
+# ``cache()`` all of it), which a run saving every few seconds pays at each save.
+LARGE_STATE = 16 * 2**20
 
 
 @dataclass(frozen=True)
@@ -161,6 +166,10 @@ class Reader:
         self._iterations: dict[int, int] = {}  # iterators made of one dataset (_catch_up)
         self._read: set[int] = set()  # the datasets of _iterations this session has read
         self._synced: str | None = None  # "": the last sync assigned no state (None: unknown)
+        # Each dataset's fingerprint, by the dataset (immutable: its graph is fixed): taken
+        # once, not at each epoch's iterator, where it is tens of milliseconds for a few MB
+        # of in-memory data. By id, checked by a weak reference: an id can be reused.
+        self._fingerprints: dict[int, tuple[weakref.ref[Any], str]] = {}
 
     # -- reading ---------------------------------------------------------------------
 
@@ -244,7 +253,7 @@ class Reader:
             return Opened(iter(()), key, saved.skip, at, self.count, saved.spec, "", saved)
         source = build(saved.skip)
         self._check_exact(source)
-        pipeline = fingerprint.of_dataset(source)
+        pipeline = self._fingerprint(source)
         if saved.pipeline and pipeline and pipeline != saved.pipeline:
             # Another pipeline (a batch size, a buffer, the data edited): TF's state of the
             # old one would read on at the wrong place, or the old data, or fail inside
@@ -297,8 +306,24 @@ class Reader:
                 reason=why or "the checkpoint holds no state of this pipeline",
                 cost=f"the {at} batches before it are computed again (Dataset.skip)",
             )
-        pipeline = "" if cannot else fingerprint.of_dataset(source)
+        pipeline = "" if cannot else self._fingerprint(source)
         return Opened(iterator, key, at, at, self.count, _spec(source), cannot, None, pipeline)
+
+    def _fingerprint(self, source: Any) -> str:
+        """``fingerprint.of_dataset(source)``, taken once for each dataset object."""
+        known = self._fingerprints.get(id(source))
+        if known is not None and known[0]() is source:
+            return known[1]
+        taken = fingerprint.of_dataset(source)
+        try:
+            ref = weakref.ref(source)
+        except TypeError:  # not weakly referable: taken each time
+            return taken
+        # The dead ones out first: a run of many epoch functions' datasets stays small.
+        for key in [k for k, (r, _) in self._fingerprints.items() if r() is None]:
+            del self._fingerprints[key]
+        self._fingerprints[id(source)] = (ref, taken)
+        return taken
 
     def _check_exact(self, source: Any) -> None:
         """Once a session: a shuffle with no seed at all orders each run its own way, so a
@@ -310,6 +335,26 @@ class Reader:
                 reason="a shuffle without a seed (and no global seed): a resumed run reads "
                 "other batches than the run left alone; give shuffle() a seed",
             )
+
+    def _check_size(self, state: Any) -> None:
+        """Once a session: a state large enough to weigh on every save, and what to do."""
+        if "large" in self._told:
+            return
+        import tensorflow as tf
+
+        size = int(tf.strings.length(state))  # one op at a save: no copy of the state
+        if size < LARGE_STATE:
+            return
+        self._told.add("large")
+        log.warning(
+            "data.state_large",
+            mib=round(size / 2**20, 1),
+            reason="TF's state of the data iterator, written with every checkpoint, holds "
+            "the pipeline's buffers whole: an in-memory cache() all of it, a shuffle()'s "
+            "buffer, the elements computed ahead",
+            hint="cache to a file (cache(filename): its state is a position), shuffle file "
+            "names or indices before the costly map(), or a smaller shuffle buffer",
+        )
 
     def _tell_not_saveable(self, why: str) -> None:
         """Once a session: a resume inside an epoch will replay its batches, and why."""
@@ -382,6 +427,7 @@ class Reader:
         if not why:
             try:
                 state = _state_of(opened.iterator)
+                self._check_size(state)
                 return Saved(opened.key, opened.skip, at, opened.spec, state, "", opened.pipeline)
             except Exception as exc:
                 why = f"TensorFlow cannot save its state: {_first_line(exc)}"
