@@ -427,12 +427,13 @@ class Reader:
         if not why:
             try:
                 state = _state_of(opened.iterator)
-                self._check_size(state)
-                return Saved(opened.key, opened.skip, at, opened.spec, state, "", opened.pipeline)
             except Exception as exc:
                 why = f"TensorFlow cannot save its state: {_first_line(exc)}"
                 opened.unsaveable(why)
                 self._tell_not_saveable(why)
+            else:  # the size is looked at outside the try: its errors are no unsaveable state
+                self._check_size(state)
+                return Saved(opened.key, opened.skip, at, opened.spec, state, "", opened.pipeline)
         return Saved(opened.key, opened.skip, at, opened.spec, None, why, opened.pipeline)
 
     def reload(self, position: tuple[int, int]) -> None:
