@@ -27,7 +27,6 @@ makes exactly one call, from the saved position to the last epoch:
 from __future__ import annotations
 
 import contextlib
-import weakref
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -114,22 +113,10 @@ def epoch_data_adapter(
 
     made: dict[int, Any] = {}  # the last epoch's data: fit may ask for it more than once
     reader = runtime.position.reader
-    # An epoch's data as fit reads it from its start (class weights mapped, steps taken),
-    # made once for each dataset: the reader fingerprints each dataset object once, and a
-    # new ``map`` or ``take`` every epoch would be fingerprinted every epoch.
-    whole: dict[int, tuple[Any, Any]] = {}  # id of the dataset: (a weak reference, fit's)
-
-    def from_start(source: Any, make: Any) -> Any:
-        kept = whole.get(id(source))
-        if kept is not None and kept[0]() is source:
-            return kept[1]
-        made_now = make()
-        try:
-            whole.clear()  # one dataset at a time: the epoch's
-            whole[id(source)] = (weakref.ref(source), made_now)
-        except TypeError:  # not weakly referable: made each time
-            pass
-        return made_now
+    # A dataset given once, as fit reads it from an epoch's start (class weights mapped):
+    # made once, as the reader fingerprints each dataset object once; a new ``map`` every
+    # epoch would be fingerprinted every epoch. (An epoch function's data is new anyway.)
+    whole: list[Any] = []
 
     def of_epoch(epoch: int) -> Any:
         if epoch not in made:
@@ -176,13 +163,16 @@ def epoch_data_adapter(
                 )
 
             def build(skip: int) -> Any:
-                def make() -> Any:
-                    source: Any = skipped(of_epoch(epoch), skip)
-                    if steps is not None:
-                        source = source.take(steps - skip)
-                    return fitted(source)
-
-                return make() if skip else from_start(of_epoch(epoch), make)
+                once = skip == 0 and not plan.per_function
+                if once and whole:
+                    return whole[0]
+                source: Any = skipped(of_epoch(epoch), skip)
+                if steps is not None:
+                    source = source.take(steps - skip)
+                if once:
+                    whole.append(fitted(source))
+                    return whole[0]
+                return fitted(source)
 
             return reader.open(epoch, batch, build, same_data=None if plan.per_function else data)
 
