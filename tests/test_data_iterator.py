@@ -291,13 +291,9 @@ async def test_a_data_state_that_holds_an_in_memory_cache_is_said_to_be_large_on
     assert not named(events, "data.state_large")
 
 
-@ONE_LOOP
-async def test_a_dataset_given_once_is_fingerprinted_once_a_session_not_at_each_epoch(
-    logdir: str, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The fingerprint of a few MB of in-memory data is tens of milliseconds: at each
-    epoch's iterator it was a tenth of a small model's epoch under ``fit``. A dataset is
-    immutable, so its fingerprint is taken once; an epoch function's datasets each once."""
+@pytest.fixture
+def fingerprints(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Each fingerprint the session takes of a pipeline, in order (the real one, counted)."""
     from asupervisor._training import fingerprint
 
     taken: list[str] = []
@@ -308,6 +304,17 @@ async def test_a_dataset_given_once_is_fingerprinted_once_a_session_not_at_each_
         return taken[-1]
 
     monkeypatch.setattr(fingerprint, "of_dataset", counted)
+    return taken
+
+
+@ONE_LOOP
+async def test_a_dataset_given_once_is_fingerprinted_once_a_session_not_at_each_epoch(
+    logdir: str, fingerprints: list[str]
+) -> None:
+    """The fingerprint of a few MB of in-memory data is tens of milliseconds: at each
+    epoch's iterator it was a tenth of a small model's epoch under ``fit``. A dataset is
+    immutable, so its fingerprint is taken once; an epoch function's datasets each once."""
+    taken = fingerprints
     dataset = tf.data.Dataset.range(40).batch(10)
     learner = Learner()
     async with supervisor(logdir, learner).session() as sess:
@@ -323,18 +330,14 @@ async def test_a_dataset_given_once_is_fingerprinted_once_a_session_not_at_each_
 @ONE_LOOP
 @pytest.mark.parametrize("how", ["as_given", "class_weight", "steps_per_epoch"])
 async def test_fit_fingerprints_a_dataset_given_once_once_however_it_reads_each_epoch(
-    logdir: str, monkeypatch: pytest.MonkeyPatch, how: str
+    logdir: str, fingerprints: list[str], how: str
 ) -> None:
     """``fit`` reads each epoch's data through a ``map`` (class weights), or one stream over
     every epoch (``steps_per_epoch``): made once for the dataset, not each epoch, so that
     it too is fingerprinted once."""
     import keras
 
-    from asupervisor._training import fingerprint
-
-    taken: list[str] = []
-    real = fingerprint.of_dataset
-    monkeypatch.setattr(fingerprint, "of_dataset", lambda d: taken.append(real(d)) or taken[-1])
+    taken = fingerprints
     xs = tf.data.Dataset.range(40).map(lambda i: tf.cast(i % 2, tf.float32)[None])
     data = xs.map(lambda x: (x, tf.cast(x[0], tf.int64))).batch(10)
     model = keras.Sequential([keras.Input((1,)), keras.layers.Dense(2)])
