@@ -150,6 +150,41 @@ async def test_services_that_each_block_the_loop_briefly_at_a_stop_hold_it_as_on
     assert len(held) == 1 and held[0].endswith("in blocker"), held
 
 
+@pytest.mark.anyio
+async def test_a_watch_not_run_for_a_while_does_not_take_a_free_loop_for_held_past_a_grace(
+    monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]]
+) -> None:
+    """On a loaded machine the watch's own thread can go unrun for longer than a stall
+    while the loop is free. The time the loop had no question to answer is no hold: a
+    loop is late only on a question asked and not answered while the watch looked. (A
+    stop's grace spent beside two busy loops ended a pytest worker this way: the last
+    answer was old because the watch had asked nothing since.)"""
+    from asupervisor._session import loopwatch as _loopwatch
+    from asupervisor._training.thread import loop_caller
+
+    monkeypatch.setattr(_loopwatch, "STALL_SECS", 0.3)
+    held: list[str] = []
+    ask = loop_caller()
+    asks = [0]
+
+    def starved(answer: Any) -> None:
+        asks[0] += 1
+        if asks[0] == 3:
+            time.sleep(1.0)  # the watch's thread not run for a second; the loop is free
+        ask(answer)
+
+    watch = _loopwatch.LoopWatch(
+        starved, grace_secs=0, stop_asked_at=lambda: 0.0, held=lambda *a: held.append(a[0])
+    )
+    watch.start()
+    try:
+        while asks[0] < 10 and not held:  # the loop answers every question it is asked
+            await anyio.sleep(0.02)
+    finally:
+        watch.stop()
+    assert held == [] and named(events, "loop.stalled") == []
+
+
 SWALLOWS = textwrap.dedent(
     """
     import sys

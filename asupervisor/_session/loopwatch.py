@@ -3,7 +3,8 @@
 Services, the session's body and the stop path all run on the event loop; code that
 blocks it (``time.sleep``, a long computation, blocking I/O in a service) holds them
 all, the stop included, and the library cannot interrupt it. A thread of its own asks
-the loop to answer every ``PING_SECS``; when an answer is ``STALL_SECS`` late it logs
+the loop a question every ``PING_SECS`` (one at a time); when an answer is ``STALL_SECS``
+late, and the watch has looked ``STALL_LOOKS`` times meanwhile, it logs
 ``loop.stalled`` with the service whose code holds the loop (read from the loop
 thread's stack) and where, and ``loop.resumed`` with how long it lasted once the loop
 answers again.
@@ -31,6 +32,7 @@ from .services import supervise
 
 PING_SECS = 0.25
 STALL_SECS = 2.0
+STALL_LOOKS = 4
 
 
 # Given the holder (``service:<name>`` or the body), its innermost line and the loop
@@ -68,12 +70,31 @@ class LoopWatch:
         self._answered = time.monotonic()
 
     def _watch(self) -> None:
+        # One question at a time, timed from when it was asked: a loop is late only on a
+        # question it has not answered. Timed from the last answer instead, a watch that
+        # was itself not run for a while (a loaded machine, a stopped process) found a
+        # free loop "late" by all the time it had asked nothing, and past a stop's grace
+        # ended a healthy process. And it must have looked ``STALL_LOOKS`` times while the
+        # question waited: a process not run at all is not a loop held by its code.
         stalled_since: float | None = None
+        asked = time.monotonic()
+        looks = 0
+        self._caller(self._answer)
         while not self._stop.wait(PING_SECS):
-            self._caller(self._answer)
-            late = time.monotonic() - self._answered
-            if stalled_since is None and late >= STALL_SECS:
-                stalled_since = self._answered
+            if self._answered >= asked:
+                if stalled_since is not None:
+                    log.warning("loop.resumed", seconds=round(self._answered - stalled_since, 2))
+                    stalled_since = None
+                asked = time.monotonic()
+                looks = 0
+                self._caller(self._answer)
+                continue
+            looks += 1
+            late = time.monotonic() - asked
+            if late < STALL_SECS or looks < STALL_LOOKS:
+                continue
+            if stalled_since is None:
+                stalled_since = asked
                 held_by, where = holder(sys._current_frames().get(self._loop_thread))
                 log.warning(
                     "loop.stalled",
@@ -84,10 +105,7 @@ class LoopWatch:
                     "long computation in a service or the body); nothing else runs, a stop "
                     "included, until it returns: run such code with anyio.to_thread",
                 )
-            elif stalled_since is not None and late < PING_SECS * 2:
-                log.warning("loop.resumed", seconds=round(self._answered - stalled_since, 2))
-                stalled_since = None
-            if late >= STALL_SECS and self._past_grace():
+            if self._past_grace():
                 self._end_held()
                 return
 
