@@ -163,7 +163,8 @@ def run(
     finally:
         subprocess.run(["scancel", "--quiet", job], env=env, timeout=SCANCEL_SECS, check=False)
         time.sleep(0.5)
-        result.productive = g.productive_steps("asv", workdir, args)
+        logdir = os.path.join(workdir, "logdir")  # as submit gives it to the job
+        result.productive = g.productive_steps("asv", g.Where(workdir, logdir, None), args)
         result.speed = g.training_speed(workdir)
         if began is not None:
             result.cold_start = g.cold_start(workdir, began)
