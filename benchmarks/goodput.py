@@ -77,6 +77,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import IO
 
 ROOT = Path(__file__).resolve().parents[1]
 TRAINER = ROOT / "benchmarks" / "goodput_trainer.py"
@@ -233,7 +234,7 @@ def session_events(workdir: str, name: str) -> list[dict[str, object]]:
                 continue  # a line cut by a kill
             if event.get("event") == name:
                 found.append(event | {"pid": int(path.name.split("-")[1])})
-    return sorted(found, key=lambda e: float(e["at"]))  # type: ignore[arg-type]
+    return sorted(found, key=lambda e: float(e["at"]))
 
 
 def last_progress(workdir: str, began: float) -> float:
@@ -358,13 +359,13 @@ def fault_costs(
     return rows
 
 
-def start(cmd: list[str], log: object) -> subprocess.Popen[bytes]:
+def start(cmd: list[str], log: IO[bytes]) -> subprocess.Popen[bytes]:
     env = {**os.environ, "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONPATH": str(ROOT)}
     return subprocess.Popen(
         cmd,
         stdout=log,
         stderr=subprocess.STDOUT,
-        env=env,  # type: ignore[arg-type]
+        env=env,
         start_new_session=True,
     )
 

@@ -26,6 +26,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from typing import Any
 
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
 
@@ -115,7 +116,7 @@ def stop_latency(megabytes: int, ending: str) -> dict[str, float]:
         proc.send_signal(signal.SIGTERM)
         _, errors = proc.communicate(timeout=120)
         exited = time.time()
-    events = {}
+    events: dict[str, list[Any]] = {}
     for line in errors.splitlines():
         if line.startswith("{"):
             event = json.loads(line)

@@ -46,7 +46,8 @@ import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, MutableMapping
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -88,7 +89,7 @@ def supervisor(logdir: str, model: Model, **kwargs: Any) -> asv.Supervisor:
     return asv.Supervisor(logdir, checkpoint={"model": model}, **{**settings, **kwargs})
 
 
-async def saves(logdir: str, megabytes: float, async_write: bool) -> list[dict[str, Any]]:
+async def saves(logdir: str, megabytes: float, async_write: bool) -> list[MutableMapping[str, Any]]:
     """Two saves after the first (the session's own at its start): their events. Each
     is written before the next step, so that no save waits for the one before."""
     model = Model(megabytes)
@@ -252,7 +253,7 @@ def main() -> None:
                 got = results[store]
                 sync_dir = where("sync")
                 events, count = counted(
-                    gcs, lambda d=sync_dir: anyio.run(saves, d, args.megabytes, False)
+                    gcs, partial(anyio.run, saves, sync_dir, args.megabytes, False)
                 )
                 got.setdefault("save sync", []).extend(e["seconds"] for e in events)
                 if store == "gs":
@@ -261,7 +262,7 @@ def main() -> None:
                 got.setdefault("save async: held", []).extend(e["blocked_seconds"] for e in events)
                 got.setdefault("save async: written", []).extend(e["seconds"] for e in events)
                 (seconds, _), count = counted(
-                    gcs, lambda d=sync_dir: anyio.run(resume, d, args.megabytes)
+                    gcs, partial(anyio.run, resume, sync_dir, args.megabytes)
                 )
                 got.setdefault("resume", []).append(seconds)
                 if store == "gs":
@@ -269,7 +270,7 @@ def main() -> None:
                     two_tiers(gcs, args.megabytes, local_root, round_, tiers, counts)
                 events_dir = where("events")
                 seconds, count = counted(
-                    gcs, lambda d=events_dir: flushes(d, args.flushes, args.points)
+                    gcs, partial(flushes, events_dir, args.flushes, args.points)
                 )
                 got.setdefault("summary flush: first", []).append(seconds[0])
                 got.setdefault("summary flush: last", []).append(seconds[-1])
@@ -284,7 +285,7 @@ def main() -> None:
                     got.setdefault("uploaded by the flushes", []).append(size)
         for name, options in (("TF's writer", {}), ("the object-store writer", gs_options)):
             seconds, count = counted(
-                gcs, lambda o=options: points(gcs.new_path("points"), args.summary_points, 4, o)
+                gcs, partial(points, gcs.new_path("points"), args.summary_points, 4, options)
             )
             counts[f"{args.summary_points} in-step points of 4 scalars, {name}"] = count
             summary_seconds[name] = seconds

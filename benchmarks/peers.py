@@ -129,7 +129,7 @@ def tf2_step(tf: Any, net: Any) -> Callable[..., Any]:
     return step
 
 
-def timed(run: Callable[[int], None], steps: int) -> float:
+def timed(run: Callable[[int], object], steps: int) -> float:
     run(WARMUP)
     started = time.perf_counter()
     run(steps)
@@ -322,7 +322,8 @@ def timed_steps(system: str, model: str) -> int:
     """How many steps ``system`` is timed over (its own bare loop over half as many,
     before and after): the K-step rows (and their references) their own number."""
     many = system.endswith(("_k", "_k_async", "_k_off"))
-    return MODELS[model][5 if many else 4]
+    *_, one_call, k_rows = MODELS[model]  # the steps timed: one call a step, K a call
+    return k_rows if many else one_call
 
 
 def bare(tf: Any, model: str, steps: int) -> float:
