@@ -33,6 +33,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -204,78 +205,10 @@ def step_ends(job: Job) -> list[tuple[int, str]]:
     ]
 
 
-@pytest.mark.slow
-def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and_ends_bitwise_equal_to_the_job_left_alone(  # noqa: E501
-    slurm: Cluster, tmp_path: Path, left_alone: Job
-) -> None:
-    """Cases 1, 2, 3, 4 and 7 of the SLURM faults in one job (one start of TensorFlow per
-    fault is what they cost). Its trainer on n2 SIGKILLs itself after a checkpoint: the
-    worker on n1 does not hang, the step ends 137 and starts again in the allocation.
-    Then a step on n1 hangs: its stack is in the log, 124, the step starts again. Then
-    ``scancel --batch --signal=USR1`` (the notice): one final save every worker agrees
-    on, 42, and SLURM requeues the job (RequeueExit=42). In the requeued run, the time
-    limit is brought near: SLURM itself sends the ``--signal=B:USR1@secs`` warning, with
-    the same ending and a second requeue. The third run finishes. Each
-    start restored one checkpoint both workers agreed on, losing at most the save
-    interval (nothing at a notice); the job, interrupted four times, ends bitwise equal
-    to the job left alone."""
-    import numpy as np
-
-    from tests.faults.deterministic import compare
-
-    job = submit(
-        slurm, tmp_path,
-        [
-            # Each fault soon after the start before it (whose first step is the one its
-            # checkpoint holds): the steps between cost time, not cases.
-            {"restart": 0, "worker": 1, "step": 10, "do": "kill"},  # restores 7
-            {"restart": 0, "worker": 0, "step": 15, "do": "hang"},  # restores 14
-            # Slow from there on, until the notice ends it (one comes within a step).
-            {"restart": 0, "worker": 0, "step": 16, "do": "slow", "secs": 1},
-            # From the requeued run's first step (it restores the notice's final save).
-            {"restart": 1, "worker": 0, "step": 16, "do": "slow", "secs": 2},
-        ],
-        # Appended: a requeued job's run writes on after the runs before it.
-        # The warning WARN_SECS before the time limit; the limit far until the test
-        # brings it near.
-        sbatch_options=("--open-mode=append", "--time=30", f"--signal=B:USR1@{WARN_SECS}"),
-        # A step of this job takes milliseconds, but a loaded machine has held one for 10 s.
-        worker_options=("--step-timeout", "20"),
-    )  # fmt: skip
-    wait_for_mark(slurm, job, "slow-0-0-16")
-    scancel(slurm, "--batch", "--signal=USR1", job.id)  # the notice, to the batch script
-    wait_for_restarts(slurm, job, 1)
-    wait_for_mark(slurm, job, "slow-1-0-16")
-    # The time limit near: between 3 and 4 minutes left (SLURM's limits are in minutes),
-    # so the warning is due now, SLURM sends it at its next pass over the jobs' limits
-    # (every 30 s or sooner), and the final save has minutes before the limit.
-    ran = run_secs(job_state(slurm, job.id)["RunTime"])
-    scontrol(slurm, "update", f"JobId={job.id}", f"TimeLimit={(ran + WARN_SECS) // 60}")
-    wait_for_restarts(slurm, job, 2)
-    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=30")  # no warning again
-    state = wait_for_end(slurm, job.id, job.log)
-    text = job.text()
-    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
-        "COMPLETED", "2", "0:0"
-    ), text[-4000:]  # fmt: skip
-
-    # Every layer's status: the steps' (the outer runs'), the chief's sessions'.
-    # The kill on n2 was the cause, not its peer; the hang's cause is whichever worker's
-    # watchdog fired first (both steps wait in the same all-reduce).
-    ends = step_ends(job)
-    assert [status for status, _ in ends] == [137, 124, 42, 42, 0], (ends, text[-4000:])
-    assert ends[0][1] == "1 on n2" and ends[1][1] in ("0 on n1", "1 on n2"), ends
-    assert [cause for _, cause in ends[2:]] == ["", "", ""], ends  # nobody failed
-    ended = sessions(job)
-    # The chief on n1 lost its peer when n2's trainer was killed: not the cause.
-    assert [s.outcome for s in ended] == ["lost_peer", "stuck", "preempted", "preempted", "done"]
-    # The hung step's stack, in the log: the worker's own watchdog wrote every thread's
-    # (its peer's, waiting in the step's all-reduce, timed out too).
-    timeouts = [line for line in text.splitlines() if "step.timeout" in line]
-    assert any("in fault" in t and "time.sleep(1)" in t for t in timeouts), timeouts
-
-    # One agreed checkpoint at each start, on both workers; nothing lost beyond the save
-    # interval at a failure, nothing at a notice (its final save).
+def assert_resumed_from_agreed_checkpoints(job: Job, ended: list[Any]) -> None:
+    """Each start restored one checkpoint both workers agreed on (their records), the
+    one the chief's session says; nothing was lost beyond the save interval at a failure,
+    nothing at a notice (its final save); the last session trained to the end."""
     first, second = restores(job)
     assert first == second == [s.restored_step for s in ended], (first, second, ended)
     for before, after in itertools.pairwise(ended):
@@ -284,16 +217,165 @@ def test_a_job_killed_hung_and_noticed_twice_resumes_from_agreed_checkpoints_and
         assert 0 <= lost <= (0 if before.outcome == "preempted" else SAVE_STEPS), ended
     assert ended[-1].step == STEPS
 
+
+def assert_inspect_tells(job: Job, outcomes: list[str], ends: list[tuple[int, str]]) -> None:
+    """``asupervisor inspect`` tells the job's story: its sessions and how each ended, in
+    order, the SLURM job and its requeues, and each attempt of the group, the first to
+    fail marked."""
     shown = inspect(job)
-    assert "5 sessions" in shown, shown
-    for outcome in ("lost_peer", "stuck", "preempted", "done"):
-        assert f" {outcome} " in shown, shown
+    lines = shown.splitlines()
+    table = lines.index(next(line for line in lines if line.startswith("sessions (")))
+    rows = list(itertools.takewhile(str.strip, lines[table + 2 :]))  # under its header
+    assert [row.split()[5] for row in rows] == outcomes, shown  # date, time, host, from, to
+    assert f"SLURM job {job.id}" in shown, shown
+    assert "n1" in shown and "n2" in shown, shown
+    for status, cause in ends:
+        if cause:  # the worker that failed first, on its node, in the attempts' table
+            host = cause.partition(" on ")[2]
+            assert any(host in line and f"{status}" in line and "*" in line for line in lines), (
+                cause, shown
+            )  # fmt: skip
+
+
+@pytest.mark.slow
+def test_trainers_killed_three_times_on_either_node_restart_the_group_and_the_job_ends_bitwise_equal_to_the_job_left_alone(  # noqa: E501
+    slurm: Cluster, tmp_path: Path, left_alone: Job
+) -> None:
+    """Cases 1 and 7 of the SLURM faults. The trainer on n2 SIGKILLs itself after a
+    checkpoint: the worker on n1 does not hang (it loses its peer), the step ends 137 and
+    the run starts it again in the allocation. Then the chief's trainer on n1 is killed,
+    then n2's again. Each start restored one checkpoint both workers agreed on, losing at
+    most the save interval; the job, killed and restarted three times, finishes without a
+    requeue and ends bitwise equal to the job left alone."""
+    import numpy as np
+
+    from tests.faults.deterministic import compare
+
+    job = submit(
+        slurm, tmp_path,
+        [
+            {"worker": 1, "step": 10, "do": "kill"},  # restores 7
+            {"worker": 0, "step": 12, "do": "kill"},  # restores 7 again
+            {"worker": 1, "step": 17, "do": "kill"},  # restores 14
+        ],
+    )  # fmt: skip
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "0", "0:0"
+    ), text[-4000:]  # fmt: skip
+    ends = step_ends(job)
+    assert ends == [(137, "1 on n2"), (137, "0 on n1"), (137, "1 on n2"), (0, "")], (
+        ends, text[-4000:]
+    )  # fmt: skip
+    ended = sessions(job)
+    # The chief lost its peer when n2's trainer was killed (it did not hang, and it is
+    # not the cause); its own trainer, killed, left its end to its run, which recorded
+    # the status and the step of its last beat.
+    assert [s.outcome for s in ended] == ["lost_peer", None, "lost_peer", "done"], ended
+    assert (ended[1].exit_status, ended[1].recorded_by) == (137, "runner"), ended
+    assert_resumed_from_agreed_checkpoints(job, ended)
+    assert [s.restored_step for s in ended] == [0, 7, 7, 14], ended
+    assert_inspect_tells(job, ["lost_peer", "killed", "lost_peer", "done"], ends)
 
     left = wait_for_end(slurm, left_alone.id, left_alone.log)
     assert (left["JobState"], left["Restarts"]) == ("COMPLETED", "0"), left_alone.text()
     with np.load(job.final) as a, np.load(left_alone.final) as b:
         found = compare(dict(a), dict(b))
     assert found["weights_bitwise"] and not found["unequal"], found
+
+
+@pytest.mark.slow
+def test_a_step_hung_on_one_node_logs_its_stack_ends_124_and_the_group_restarts(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """Case 2 of the SLURM faults: a step on n1 hangs. The worker's watchdog logs every
+    thread's stack and ends it 124 (its peer, waiting in the same all-reduce, times out
+    too); the run starts the step again in the allocation from the checkpoint both agree
+    on, and the job finishes."""
+    job = submit(
+        slurm, tmp_path,
+        [{"worker": 0, "step": 15, "do": "hang"}],  # restores 14
+        # A step of this job takes milliseconds, but a loaded machine has held one for 10 s.
+        worker_options=("--step-timeout", "20"),
+    )  # fmt: skip
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "0", "0:0"
+    ), text[-4000:]  # fmt: skip
+    # The cause is whichever worker's watchdog fired first (both wait in one all-reduce).
+    ends = step_ends(job)
+    assert [status for status, _ in ends] == [124, 0], (ends, text[-4000:])
+    assert ends[0][1] in ("0 on n1", "1 on n2"), ends
+    ended = sessions(job)
+    assert [s.outcome for s in ended] == ["stuck", "done"], ended
+    timeouts = [line for line in text.splitlines() if "step.timeout" in line]
+    assert any("in fault" in t and "time.sleep(1)" in t for t in timeouts), timeouts
+    assert_resumed_from_agreed_checkpoints(job, ended)
+    assert_inspect_tells(job, ["stuck", "done"], ends)
+
+
+def noticed(slurm: Cluster, tmp_path: Path) -> Job:
+    """A job that trains slowly on n1 from step 10 of its first run, until a notice ends
+    it (one lands within a step); its requeued run trains at full speed. The warning
+    WARN_SECS before the time limit, the limit far until a test brings it near."""
+    return submit(
+        slurm, tmp_path,
+        [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 1}],
+        # Appended: a requeued job's run writes on after the runs before it.
+        sbatch_options=("--open-mode=append", "--time=30", f"--signal=B:USR1@{WARN_SECS}"),
+    )  # fmt: skip
+
+
+def assert_noticed_and_resumed(slurm: Cluster, job: Job) -> None:
+    """One final save every worker agreed on, 42 at every layer, SLURM's requeue
+    (RequeueExit=42), and the requeued run resumed from that save and finished."""
+    state = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "1", "0:0"
+    ), text[-4000:]  # fmt: skip
+    ends = step_ends(job)
+    assert ends == [(42, ""), (0, "")], (ends, text[-4000:])  # nobody failed
+    ended = sessions(job)
+    assert [s.outcome for s in ended] == ["preempted", "done"], ended
+    assert_resumed_from_agreed_checkpoints(job, ended)
+    assert ended[0].step is not None and ended[0].step >= 10, ended
+    assert_inspect_tells(job, ["preempted", "done"], ends)
+    shown = inspect(job)
+    assert "(requeued 1 times)" in shown, shown
+
+
+@pytest.mark.slow
+def test_the_notice_ends_the_job_in_one_agreed_final_save_42_a_requeue_and_a_resume(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """Case 3 of the SLURM faults: ``scancel --batch --signal=USR1``, the notice to the
+    batch script: every worker takes the same final save, the step and the run end 42,
+    SLURM requeues the job and it resumes from that save."""
+    job = noticed(slurm, tmp_path)
+    wait_for_mark(slurm, job, "slow-0-0-10")
+    scancel(slurm, "--batch", "--signal=USR1", job.id)
+    assert_noticed_and_resumed(slurm, job)
+
+
+@pytest.mark.slow
+def test_the_time_limits_warning_ends_the_job_in_one_agreed_final_save_42_a_requeue_and_a_resume(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """Case 4 of the SLURM faults: the time limit's ``--signal=B:USR1@secs`` warning, sent
+    by SLURM itself: the same ending as the notice, and the same resume."""
+    job = noticed(slurm, tmp_path)
+    wait_for_mark(slurm, job, "slow-0-0-10")
+    # The time limit near: between 3 and 4 minutes left (SLURM's limits are in minutes),
+    # so the warning is due now, SLURM sends it at its next pass over the jobs' limits
+    # (every 30 s or sooner), and the final save has minutes before the limit.
+    ran = run_secs(job_state(slurm, job.id)["RunTime"])
+    scontrol(slurm, "update", f"JobId={job.id}", f"TimeLimit={(ran + WARN_SECS) // 60}")
+    wait_for_restarts(slurm, job, 1)
+    scontrol(slurm, "update", f"JobId={job.id}", "TimeLimit=30")  # no warning again
+    assert_noticed_and_resumed(slurm, job)
 
 
 @pytest.mark.slow
