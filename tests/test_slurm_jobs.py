@@ -127,3 +127,39 @@ def test_a_failed_step_is_started_again_in_the_allocation_every_worker_together(
     text = log.read_text()
     assert text.count("run.restart_left_to_engine") == 1, text  # the task on n2, once
     assert "run.restarting attempt=2" in text and "run.ended status='0 (done)'" in text
+
+
+def test_a_permanent_failure_ends_the_job_with_no_restart_and_no_requeue(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """A worker that fails permanently (78: bad configuration, a NaN loss, a model that
+    does not fit its checkpoint) ends its step, and no restart could change it: the run
+    does not start the step again and exits 78, which SLURM does not requeue (only
+    RequeueExit=42 is): the job ends FAILED, its cause in the ledger."""
+    from asupervisor._logdir import groups as _groups
+    from asupervisor._logdir import ledger as _ledger
+    from asupervisor._logdir.store import Store
+
+    job = submit(
+        slurm, tmp_path,
+        """
+        if rank == 1:
+            while not os.path.exists(os.path.join(out, f"start-{restart}-{attempt}-0")):
+                time.sleep(0.05)  # the worker on n1 runs: the failure ends a running group
+            sys.exit(78)
+        time.sleep(600)
+        """,
+        "--backoff", "0", "--grace", "10",
+    )  # fmt: skip
+    log = tmp_path / "job.log"
+    state = wait_for_end(slurm, job, log)
+    text = log.read_text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "FAILED", "0", "78:0"
+    ), text  # fmt: skip
+    seen = starts(tmp_path / "out")
+    assert [(s["attempt"], s["rank"]) for s in seen] == [(1, 0), (1, 1)], text  # not again
+    (group,) = _groups.groups(_ledger.read(Store(str(tmp_path / "run"))))
+    assert group.status == 78 and group.first is not None, group
+    assert (group.first.rank, group.first.host) == (1, "n2"), group
+    assert "run.restarting" not in text, text
