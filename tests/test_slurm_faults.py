@@ -316,7 +316,7 @@ def test_a_step_hung_on_one_node_logs_its_stack_ends_124_and_the_group_restarts(
     assert_inspect_tells(job, ["stuck", "done"], ends)
 
 
-def noticed(slurm: Cluster, tmp_path: Path) -> Job:
+def noticed(slurm: Cluster, tmp_path: Path, worker_options: tuple[str, ...] = ()) -> Job:
     """A job that trains slowly on n1 from step 10 of its first run, until a notice ends
     it (one lands within a step); its requeued run trains at full speed. The warning
     WARN_SECS before the time limit, the limit far until a test brings it near."""
@@ -325,6 +325,7 @@ def noticed(slurm: Cluster, tmp_path: Path) -> Job:
         [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 1}],
         # Appended: a requeued job's run writes on after the runs before it.
         sbatch_options=("--open-mode=append", "--time=30", f"--signal=B:USR1@{WARN_SECS}"),
+        worker_options=worker_options,
     )  # fmt: skip
 
 
@@ -357,6 +358,20 @@ def test_the_notice_ends_the_job_in_one_agreed_final_save_42_a_requeue_and_a_res
     job = noticed(slurm, tmp_path)
     wait_for_mark(slurm, job, "slow-0-0-10")
     scancel(slurm, "--batch", "--signal=USR1", job.id)
+    assert_noticed_and_resumed(slurm, job)
+
+
+@pytest.mark.slow
+def test_usr1_to_the_jobs_steps_ends_the_job_as_the_notice_does_for_workers_that_stop_on_it(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """``scancel --signal=USR1`` without ``--batch``: SLURM sends the signal to every
+    process of the job's steps, each task's run and its worker among them. With SIGUSR1
+    among the workers' stop signals (what the docs say to give them), it ends the job
+    as the notice does: one agreed final save, 42, a requeue, a resume."""
+    job = noticed(slurm, tmp_path, ("--stop-signals", "SIGTERM,SIGINT,SIGUSR1"))
+    wait_for_mark(slurm, job, "slow-0-0-10")
+    scancel(slurm, "--signal=USR1", job.id)
     assert_noticed_and_resumed(slurm, job)
 
 

@@ -35,6 +35,7 @@ import argparse
 import contextlib
 import json
 import os
+import signal
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -61,6 +62,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--per-call", type=int, default=1)
     parser.add_argument("--faults", default=None, help="a JSON file: faults at given steps")
     parser.add_argument("--step-timeout", type=float, default=None)
+    parser.add_argument(
+        "--stop-signals", default=None, help="the session's stop signals: SIGTERM,SIGUSR1,..."
+    )
     return parser.parse_args(argv)
 
 
@@ -78,7 +82,6 @@ def fault_plan(path: str | None) -> Any:
     Returns ``fault(step, worker)``."""
     if path is None:
         return lambda step, worker: None
-    import signal
     import time
 
     spec = json.loads(Path(path).read_text())
@@ -287,6 +290,11 @@ def main(args: argparse.Namespace) -> int:
         if args.local_dir is None
         else asv.LocalTier(args.local_dir, save_secs=None, save_steps=args.save_steps),
         step_timeout_secs=args.step_timeout,
+        **(
+            {}
+            if args.stop_signals is None
+            else {"stop_signals": tuple(signal.Signals[n] for n in args.stop_signals.split(","))}
+        ),
     )
 
     class Markers(keras.callbacks.Callback):
