@@ -208,7 +208,13 @@ def step_ends(job: Job) -> list[tuple[int, str]]:
 def assert_resumed_from_agreed_checkpoints(job: Job, ended: list[Any]) -> None:
     """Each start restored one checkpoint both workers agreed on (their records), the
     one the chief's session says; nothing was lost beyond the save interval at a failure,
-    nothing at a notice (its final save); the last session trained to the end."""
+    nothing at a notice (its final save); the last session trained to the end. Each
+    session line holds SLURM's facts: the job, its restart count, the chief's node."""
+    restart, facts = 0, []
+    for s in ended:  # a preempted run is requeued: the next one is SLURM's next restart
+        facts.append((job.id, restart, "n1"))
+        restart += s.outcome == "preempted"
+    assert [(s.slurm_job, s.slurm_restart, s.node) for s in ended] == facts, ended
     first, second = restores(job)
     assert first == second == [s.restored_step for s in ended], (first, second, ended)
     for before, after in itertools.pairwise(ended):
@@ -228,6 +234,7 @@ def assert_inspect_tells(job: Job, outcomes: list[str], ends: list[tuple[int, st
     rows = list(itertools.takewhile(str.strip, lines[table + 2 :]))  # under its header
     assert [row.split()[5] for row in rows] == outcomes, shown  # date, time, host, from, to
     assert f"SLURM job {job.id}" in shown, shown
+    assert "goodput: " in shown, shown  # the group's, across its hosts
     assert "n1" in shown and "n2" in shown, shown
     for status, cause in ends:
         if cause:  # the worker that failed first, on its node, in the attempts' table
