@@ -120,6 +120,14 @@ def supervisor(*args: str, env_extra: dict[str, str] | None = None) -> subproces
 FAILS = "import sys; print('started', flush=True); sys.exit(int(sys.argv[1]))"
 
 
+def test_requeue_without_slurm_is_an_error_naming_it() -> None:
+    run = supervisor("--requeue", "--", sys.executable, "-c", "pass")
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 2
+    (line,) = err.splitlines()
+    assert line.startswith("asupervisor run: error: --requeue ") and "--slurm" in line, line
+
+
 @pytest.mark.parametrize(
     ("status", "mapping", "shown"),
     [(1, "", 1), (124, "tfjob", 138), (75, "", 75), (75, "tfjob", 137)],

@@ -57,7 +57,9 @@ def submit(slurm: Cluster, tmp_path: Path, worker: str, *run_args: str) -> str:
     for name in ("ASUPERVISOR_RUN", "ASUPERVISOR_ATTEMPT", "ASUPERVISOR_CHANNEL", "TF_CONFIG"):
         env.pop(name, None)
     done = subprocess.run(
-        ["sbatch", "--parsable", "-N2", "--requeue", "-o", str(tmp_path / "job.log"), str(batch)],
+        # Appended: a requeued job's run writes on after the run before it.
+        ["sbatch", "--parsable", "-N2", "--requeue", "--open-mode=append", "-o",
+         str(tmp_path / "job.log"), str(batch)],
         env=env, capture_output=True, text=True, timeout=60, check=False,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
@@ -163,3 +165,39 @@ def test_a_permanent_failure_ends_the_job_with_no_restart_and_no_requeue(
     assert group.status == 78 and group.first is not None, group
     assert (group.first.rank, group.first.host) == (1, "n2"), group
     assert "run.restarting" not in text, text
+
+
+def test_with_requeue_a_preempted_job_requeues_itself_where_the_site_does_not(
+    slurm: Cluster, tmp_path: Path
+) -> None:
+    """``--requeue``: a run that ends preempted (the notice, every worker stopped after
+    its final save) asks SLURM to requeue its job (``scontrol requeue``), for a cluster
+    whose slurm.conf has no ``RequeueExit=42``. Here the run's 42 is shown to SLURM as 143
+    (a status map), which this cluster's ``RequeueExit=42`` does not read: only the run's
+    own request can requeue it. Requeued once, the job runs again and ends done."""
+    job = submit(
+        slurm, tmp_path,
+        """
+        if restart == 0:
+            time.sleep(600)  # until the notice: SIGTERM, 42 (the prologue's handler)
+        """,
+        "--backoff", "0", "--grace", "10", "--requeue", "--exit-status-map", "preempted=143",
+    )  # fmt: skip
+    out, log = tmp_path / "out", tmp_path / "job.log"
+    for _ in range(600):  # both workers of the first run started (bounded by the job)
+        if (out / "start-0-1-0").exists() and (out / "start-0-1-1").exists():
+            break
+        assert not over(job_state(slurm, job)), log.read_text()
+        time.sleep(0.1)
+    subprocess.run(
+        ["scancel", "--batch", "--signal=USR1", job], env=dict(slurm.env), timeout=30,
+        check=True,
+    )  # fmt: skip
+    state = wait_for_end(slurm, job, log)
+    text = log.read_text()
+    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
+        "COMPLETED", "1", "0:0"
+    ), text  # fmt: skip
+    seen = starts(out)
+    assert [(s["restart"], s["rank"]) for s in seen] == [(0, 0), (0, 1), (1, 0), (1, 1)], text
+    assert f"run.requeueing slurm_job={job}" in text, text

@@ -319,6 +319,14 @@ def add_commands(commands: Any, formatter: type[argparse.HelpFormatter]) -> None
         "is read from the history, so --logdir is required",
     )
     run.add_argument(
+        "--requeue",
+        action="store_true",
+        help="with --slurm: when the run ends preempted (a notice, the time limit's "
+        "warning: every worker's final checkpoint saved), requeue the batch job "
+        "(scontrol requeue) to resume from it; for a cluster whose slurm.conf has no "
+        "RequeueExit=42 (the job must be requeueable: sbatch --requeue)",
+    )
+    run.add_argument(
         "--local-dir",
         metavar="DIR",
         help="turn on the local tier of checkpoints for every child (every worker, every "
@@ -406,6 +414,8 @@ def _run_main(args: argparse.Namespace) -> int:
         return _error("run", f"--workers {args.workers}{' --standby' if args.standby else ''} "
                       f"{too_many}: raise it, or start fewer workers", 2)  # fmt: skip
     preload = tuple(m.strip() for m in args.preload.split(",") if m.strip())
+    if args.requeue and not args.slurm:
+        return _error("run", "--requeue requeues a SLURM batch job: it goes with --slurm", 2)
     if args.slurm:
         return _run_slurm(args, command, preload, _local_tier_options(local_dir, local_save_secs))
     config = RunConfig(
@@ -487,6 +497,7 @@ def _run_slurm(
         restarts=Restarts.HERE,
         status_map=args.exit_status_map,
         step_tasks=step_tasks(os.environ),
+        requeue_job=os.environ.get("SLURM_JOB_ID") if args.requeue else None,
     )
     return run_command(config)
 

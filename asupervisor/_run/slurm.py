@@ -102,6 +102,12 @@ def _scontrol(*args: str) -> str:
     return done.stdout
 
 
+def requeue(job_id: str) -> None:
+    """Ask SLURM to requeue the batch job ``job_id`` (``scontrol requeue``): it ends the
+    job's processes, this one among them, and puts the job back in the queue."""
+    _scontrol("requeue", job_id)
+
+
 def step_of(env: Mapping[str, str]) -> Step | None:
     """This task's step, if it is one task of a SLURM step of several; else None."""
     tasks = env.get("SLURM_STEP_NUM_TASKS", "")

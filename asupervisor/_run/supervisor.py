@@ -82,6 +82,7 @@ from .slurm import (
     cause_rank,
     group_status,
     member_prefix,
+    requeue,
     step_of,
     tf_config,
 )
@@ -151,6 +152,9 @@ class RunConfig:
     # --slurm's outer run: its child is a step of this many tasks, each an asupervisor run
     # that records its end in the logdir (group_status decides the step's status from them).
     step_tasks: int = 0
+    # --slurm --requeue: a run that ends preempted asks SLURM to requeue its batch job
+    # (a cluster whose slurm.conf has no RequeueExit=42 would not).
+    requeue_job: str | None = None
     # --local-dir: every child's sessions save to this directory of the host first (the
     # local tier; checked by the command line), every local_save_secs (None: their own).
     local_dir: str | None = None
@@ -285,7 +289,20 @@ class ProcessSupervisor:
             self.say("run.ended", status=describe_status(status), exit_status=shown)
         else:
             self.say("run.ended", status=describe_status(status))
+        if self.config.requeue_job is not None and outcome_of(status) is Outcome.PREEMPTED:
+            await self._requeue(self.config.requeue_job)
         return shown
+
+    async def _requeue(self, job: str) -> None:
+        """--slurm --requeue, the run's last act once it ended preempted (everything on
+        record): SLURM requeues the job, ending this batch script as it does; the job
+        then waits in the queue and resumes from the final save. A refusal (a job not
+        requeueable) is said, and the run ends with its status as it is."""
+        self.say("run.requeueing", slurm_job=job)
+        try:
+            await anyio.to_thread.run_sync(requeue, job)
+        except SlurmError as exc:
+            self.say("run.requeue_failed", slurm_job=job, error=str(exc))
 
     async def _record_member_end(self, status: int) -> None:
         """One task of an outer run's step: its end, as a fact in the logdir for the
