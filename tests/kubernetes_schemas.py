@@ -9,14 +9,15 @@ The schemas are files of the repository, ``tests/schemas/``; the check reads not
   false`` everywhere) of each version checked, for ``Job`` and every Kubernetes type
   embedded in another resource (a JobSet's Job template, a TFJob's pod templates).
 - ``jobset-v1alpha2.json``: ``JobSet`` (``jobset.x-k8s.io/v1alpha2``), every object closed,
-  with a failure policy rule's actions and name pattern.
+  with the enums of JobSet's CRD (a failure policy rule's ``action``, ``restartStrategy``,
+  ...) and a rule name's pattern.
 - ``tfjob-v1.json``: ``TFJob`` (``kubeflow.org/v1``), every object closed.
 
 The last two refer to ``kubernetes.json`` for the Kubernetes types they embed: each version's
 file is bound to that name in turn.
 
-What none of them checks: an enum the APIs give as a plain string (a JobSet's
-``restartStrategy``, a TFJob replica's ``restartPolicy`` and replica type), the admission
+What none of them checks: an enum the APIs give as a plain string (a TFJob replica's
+``restartPolicy`` and replica type, a pod failure rule's ``action``), the admission
 webhooks' own rules (DNS-label lengths), and what a controller does with the fields. The
 recipe tests check those they rely on.
 """
@@ -140,10 +141,3 @@ def jobset_problems(resource: dict[str, Any]) -> list[str]:
 def tfjob_problems(resource: dict[str, Any]) -> list[str]:
     """What is wrong with a TFJob, strictly, for every Kubernetes version checked."""
     return _custom_problems(resource, "kubeflow.org/v1", "TFJob", "tfjob-v1.json")
-
-
-def jobset_rule_values() -> tuple[frozenset[str], str]:
-    """A JobSet failure policy rule's valid actions and the pattern its name must match."""
-    rule = stored("jobset-v1alpha2.json")["$defs"]["JobsetV1alpha2FailurePolicyRule"]
-    fields = rule["properties"]
-    return frozenset(fields["action"]["enum"]), fields["name"]["pattern"]

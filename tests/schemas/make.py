@@ -11,11 +11,12 @@ Python (``python -m pip install -r tests/schemas/sources.txt``, then
 - ``jobset-v1alpha2.json``: JobSet's ``jobset.x-k8s.io/v1alpha2`` schema, from the models
   that ``kubeflow-trainer-api`` generates from JobSet's OpenAPI, every object closed; the
   values a string field's description lists (a failure policy rule's ``action``, the pattern
-  of its ``name``) made its ``enum`` and ``pattern``, as in JobSet's CRD.
+  of its ``name``) made its ``enum`` and ``pattern``, and the other enums of JobSet's CRD
+  (``JOBSET_ENUMS``), as in JobSet's CRD.
 - ``tfjob-v1.json``: the training operator's ``kubeflow.org/v1`` TFJob schema, from the
   models that ``kubeflow-training`` generates from its OpenAPI (their ``openapi_types`` and
-  ``attribute_map``; a field is required where its setter refuses ``None``), every object
-  closed.
+  ``attribute_map``; a field is required where its setter refuses ``None`` and the CRD
+  requires it too), every object closed.
 
 In both, each Kubernetes type they embed is a ``$ref`` into ``kubernetes.json``, which the
 check binds to each Kubernetes version in turn.
@@ -140,6 +141,29 @@ def worded(schema: Any) -> Any:
     return done
 
 
+# The enums JobSet's CRD (v0.12.0, +kubebuilder:validation:Enum on its Go types) gives
+# string fields whose OpenAPI, which the models come from, has no enum: (model, field).
+JOBSET_ENUMS = {
+    ("JobsetV1alpha2FailurePolicy", "restartStrategy"): [
+        "Recreate",
+        "BlockingRecreate",
+        "InPlaceRestart",
+    ],
+    ("JobsetV1alpha2SuccessPolicy", "operator"): ["All", "Any"],
+    ("JobsetV1alpha2StartupPolicy", "startupPolicyOrder"): ["AnyOrder", "InOrder"],
+    ("JobsetV1alpha2VolumeRetentionPolicy", "whenDeleted"): ["Delete", "Retain"],
+    ("JobsetV1alpha2DependsOn", "status"): ["Ready", "Complete"],
+}
+
+
+def with_enums(schema: dict[str, Any]) -> dict[str, Any]:
+    for (model, field), values in JOBSET_ENUMS.items():
+        found = schema["$defs"][model]["properties"][field]
+        (string,) = [s for s in found.get("anyOf", [found]) if s.get("type") == "string"]
+        string["enum"] = values
+    return schema
+
+
 def jobset_schema(every: dict[str, Any]) -> dict[str, Any]:
     from kubeflow_trainer_api.models.jobset_v1alpha2_job_set import JobsetV1alpha2JobSet
 
@@ -152,7 +176,8 @@ def jobset_schema(every: dict[str, Any]) -> dict[str, Any]:
     schema = json.loads(text)
     schema["$defs"] = {k: v for k, v in schema["$defs"].items() if not k.startswith("IoK8s")}
     assert refs(schema) <= set(schema["$defs"]), refs(schema) - set(schema["$defs"])
-    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **worded(closed(schema))}
+    schema = with_enums(worded(closed(schema)))
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema", **schema}
 
 
 _PRIMITIVE = {
@@ -164,6 +189,11 @@ _PRIMITIVE = {
     "datetime": {"type": "string"},
     "date": {"type": "string"},
 }
+
+
+# Fields whose model refuses None but which the training operator's CRD (v1.9.0) does not
+# require (the operator defaults them): (model, field).
+DEFAULTED = {("KubeflowOrgV1TFJobSpec", "runPolicy")}
 
 
 def tfjob_schema(every: dict[str, Any]) -> dict[str, Any]:
@@ -194,7 +224,7 @@ def tfjob_schema(every: dict[str, Any]) -> dict[str, Any]:
             key = cls.attribute_map[attribute]
             properties[key] = of(type_name)
             setter = inspect.getsource(getattr(cls, attribute).fset)
-            if "must not be `None`" in setter:
+            if "must not be `None`" in setter and (cls.__name__, key) not in DEFAULTED:
                 required.append(key)
         schema: dict[str, Any] = {"type": "object", "properties": properties}
         if required:
