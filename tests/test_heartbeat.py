@@ -443,7 +443,9 @@ async def test_a_job_with_a_long_name_is_cut_in_its_beats_and_the_beats_go_on(
 
     job = functools.partial(sleeps, [0] * 2000)  # its repr: about 6 KB
     async with pair_supervisor(logdir, pair, heartbeat_secs=0.05).session() as sess:
-        await sess.run(pair.step)
+        # Read from the first step on, as the runner does: a beat every 50 ms through a
+        # first step traced for seconds on a loaded machine fills a pipe no one reads.
+        await reading(channel, sess.run, pair.step)
         await reading(channel, anyio.sleep, 0.1)
         channel.reports.clear()
         await reading(channel, sess.run, job, 0.4)
