@@ -80,12 +80,13 @@ faults: $(STAMP)
 docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(PY) -m mkdocs build --strict
 
+# lint: the benchmarks are type-checked too, whose figures the docs publish (one broke
+# unseen when a helper it calls changed): strict but for what TensorFlow's untyped API
+# makes noise of.
 lint: $(STAMP)
 	$(VENV)/bin/ruff check asupervisor services tests examples benchmarks docs/_hooks
 	$(VENV)/bin/ruff format --check asupervisor services tests examples benchmarks docs/_hooks
 	$(VENV)/bin/mypy
-	# The benchmarks too, whose figures the docs publish (one broke unseen when a helper it
-	# calls changed): strict but for what TensorFlow's untyped API makes noise of.
 	$(VENV)/bin/mypy --allow-subclassing-any --allow-untyped-decorators --no-warn-return-any \
 		benchmarks/*.py
 

@@ -58,7 +58,12 @@ async def test_a_service_that_blocks_the_loop_is_named(
     @sv.service
     async def blocker(sess: asv.ManagedSession) -> None:
         await anyio.sleep(0.1)
-        time.sleep(1.5)  # blocking call on the event loop
+        # Blocking calls on the event loop, until the watch has said so (bounded).
+        for _ in range(600):
+            time.sleep(0.05)
+            if named(events, "loop.stalled"):
+                break
+        time.sleep(0.35)  # held on past it: its length is in loop.resumed
 
     async with sv.session() as sess:
         await sess.sleep_until_stop(2.0)
@@ -154,11 +159,15 @@ async def test_services_that_each_block_the_loop_briefly_at_a_stop_hold_it_as_on
 async def test_a_watch_not_run_for_a_while_does_not_take_a_free_loop_for_held_past_a_grace(
     monkeypatch: pytest.MonkeyPatch, events: list[dict[str, Any]]
 ) -> None:
-    """On a loaded machine the watch's own thread can go unrun for longer than a stall
-    while the loop is free. The time the loop had no question to answer is no hold: a
-    loop is late only on a question asked and not answered while the watch looked. (A
-    stop's grace spent beside two busy loops ended a pytest worker this way: the last
-    answer was old because the watch had asked nothing since.)"""
+    """On a loaded machine the watch's own thread, and the whole process, can go unrun for
+    longer than a stall while no code holds the loop. Neither is a hold: a loop is late
+    only on a question it has not answered while the watch looked at it ``STALL_LOOKS``
+    times. (A stop's grace spent beside two busy loops ended a pytest worker: timed from
+    the last answer, the loop was late by all the time the watch had asked nothing.)
+
+    Every answer comes a loop's turn (50 ms) after its question. The third question is
+    asked by a watch that then goes unrun for a second, and its answer comes 0.35 s after
+    that: the process was not run either, and the watch's first look finds it waiting."""
     from asupervisor._session import loopwatch as _loopwatch
     from asupervisor._training.thread import loop_caller
 
@@ -170,8 +179,10 @@ async def test_a_watch_not_run_for_a_while_does_not_take_a_free_loop_for_held_pa
     def starved(answer: Any) -> None:
         asks[0] += 1
         if asks[0] == 3:
-            time.sleep(1.0)  # the watch's thread not run for a second; the loop is free
-        ask(answer)
+            time.sleep(1.0)  # the watch's thread not run for a second
+            threading.Timer(0.35, ask, (answer,)).start()  # nor the loop, for a while
+        else:
+            threading.Timer(0.05, ask, (answer,)).start()
 
     watch = _loopwatch.LoopWatch(
         starved, grace_secs=0, stop_asked_at=lambda: 0.0, held=lambda *a: held.append(a[0])

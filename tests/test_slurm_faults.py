@@ -28,6 +28,7 @@ import io
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -236,12 +237,15 @@ def assert_inspect_tells(job: Job, outcomes: list[str], ends: list[tuple[int, st
     assert f"SLURM job {job.id}" in shown, shown
     assert "goodput: " in shown, shown  # the group's, across its hosts
     assert "n1" in shown and "n2" in shown, shown
-    for status, cause in ends:
-        if cause:  # the worker that failed first, on its node, in the attempts' table
-            host = cause.partition(" on ")[2]
-            assert any(host in line and f"{status}" in line and "*" in line for line in lines), (
-                cause, shown
-            )  # fmt: skip
+    # The attempts' table: in each failed attempt, the first to fail starred, with its
+    # rank, node and status (columns: attempt, job.restart, worker, host, ended, step, exit).
+    starred = [
+        (int(m[1]), m[2], int(m[3]))
+        for m in (re.search(r"\* (\d+)\s+(\S+)\s+\S+ \S+\s+\S+\s+(\d+) \(", line) for line in lines)
+        if m
+    ]
+    causes = [(int(c.split(" on ")[0]), c.split(" on ")[1], st) for st, c in ends if c]
+    assert starred == causes, (starred, causes, shown)
 
 
 @pytest.mark.slow
@@ -329,7 +333,9 @@ def noticed(slurm: Cluster, tmp_path: Path, worker_options: tuple[str, ...] = ()
     WARN_SECS before the time limit, the limit far until a test brings it near."""
     return submit(
         slurm, tmp_path,
-        [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 1}],
+        # Slow enough that SLURM's pass over time limits (30 s apart) finds the first run
+        # still training: 70 steps to go.
+        [{"restart": 0, "worker": 0, "step": 10, "do": "slow", "secs": 2}],
         # Appended: a requeued job's run writes on after the runs before it.
         sbatch_options=("--open-mode=append", "--time=30", f"--signal=B:USR1@{WARN_SECS}"),
         worker_options=worker_options,

@@ -11,11 +11,14 @@ trainers are forked from the suite's fork server, are tests/test_slurm_faults.py
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import textwrap
 import time
 from pathlib import Path
+
+import pytest
 
 from tests.slurm_cluster import Cluster
 
@@ -151,7 +154,8 @@ def test_a_permanent_failure_ends_the_job_with_no_restart_and_no_requeue(
             sys.exit(78)
         time.sleep(600)
         """,
-        "--backoff", "0", "--grace", "10",
+        # --requeue too: it requeues a preempted job only, never a failed one.
+        "--backoff", "0", "--grace", "10", "--requeue",
     )  # fmt: skip
     log = tmp_path / "job.log"
     state = wait_for_end(slurm, job, log)
@@ -159,12 +163,23 @@ def test_a_permanent_failure_ends_the_job_with_no_restart_and_no_requeue(
     assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
         "FAILED", "0", "78:0"
     ), text  # fmt: skip
+    assert "run.requeue" not in text, text
     seen = starts(tmp_path / "out")
     assert [(s["attempt"], s["rank"]) for s in seen] == [(1, 0), (1, 1)], text  # not again
     (group,) = _groups.groups(_ledger.read(Store(str(tmp_path / "run"))))
     assert group.status == 78 and group.first is not None, group
     assert (group.first.rank, group.first.host) == (1, "n2"), group
     assert "run.restarting" not in text, text
+
+
+def wait_for_first_run(slurm: Cluster, job: str, out: Path, log: Path) -> None:
+    """Until both workers of the job's first run started (bounded by the job's end)."""
+    for _ in range(600):
+        if (out / "start-0-1-0").exists() and (out / "start-0-1-1").exists():
+            return
+        assert not over(job_state(slurm, job)), log.read_text()
+        time.sleep(0.1)
+    raise AssertionError(f"the first run of job {job} did not start\n{log.read_text()}")
 
 
 def test_with_requeue_a_preempted_job_requeues_itself_where_the_site_does_not(
@@ -184,11 +199,7 @@ def test_with_requeue_a_preempted_job_requeues_itself_where_the_site_does_not(
         "--backoff", "0", "--grace", "10", "--requeue", "--exit-status-map", "preempted=143",
     )  # fmt: skip
     out, log = tmp_path / "out", tmp_path / "job.log"
-    for _ in range(600):  # both workers of the first run started (bounded by the job)
-        if (out / "start-0-1-0").exists() and (out / "start-0-1-1").exists():
-            break
-        assert not over(job_state(slurm, job)), log.read_text()
-        time.sleep(0.1)
+    wait_for_first_run(slurm, job, out, log)
     subprocess.run(
         ["scancel", "--batch", "--signal=USR1", job], env=dict(slurm.env), timeout=30,
         check=True,
@@ -201,3 +212,35 @@ def test_with_requeue_a_preempted_job_requeues_itself_where_the_site_does_not(
     seen = starts(out)
     assert [(s["restart"], s["rank"]) for s in seen] == [(0, 0), (0, 1), (1, 0), (1, 1)], text
     assert f"run.requeueing slurm_job={job}" in text, text
+
+
+def test_with_requeue_a_job_a_person_cancelled_is_left_ended(
+    slurm: Cluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A plain ``scancel`` stops the run as a notice does (every worker's final save, 42);
+    where SLURM gives the batch script time to end, the run then decides on its requeue.
+    It asks SLURM first: a job no longer running (cancelled) is left ended, not brought
+    back."""
+    from asupervisor._run.slurm import requeue
+
+    batch = tmp_path / "sleeps.sh"
+    batch.write_text("#!/bin/sh\nsleep 600\n")
+    done = subprocess.run(
+        ["sbatch", "--parsable", "-N1", "--requeue", "-o", os.devnull, str(batch)],
+        env=dict(slurm.env), capture_output=True, text=True, timeout=60, check=True,
+    )  # fmt: skip
+    job = done.stdout.strip().split(";")[0]
+    for _ in range(600):
+        if job_state(slurm, job).get("JobState") == "RUNNING":
+            break
+        time.sleep(0.1)
+    subprocess.run(["scancel", job], env=dict(slurm.env), timeout=30, check=True)
+    for _ in range(600):
+        if job_state(slurm, job).get("JobState") == "CANCELLED":
+            break
+        time.sleep(0.1)
+    for name, value in slurm.env.items():
+        monkeypatch.setenv(name, value)  # the run's scontrol talks to this cluster
+    assert requeue(job) == "the job is CANCELLED, not running"
+    state = job_state(slurm, job)
+    assert (state["JobState"], state["Restarts"]) == ("CANCELLED", "0"), state

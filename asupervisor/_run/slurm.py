@@ -102,10 +102,18 @@ def _scontrol(*args: str) -> str:
     return done.stdout
 
 
-def requeue(job_id: str) -> None:
+def requeue(job_id: str) -> str | None:
     """Ask SLURM to requeue the batch job ``job_id`` (``scontrol requeue``): it ends the
-    job's processes, this one among them, and puts the job back in the queue."""
+    job's processes, this one among them, and puts the job back in the queue. Only a job
+    SLURM still shows running: one cancelled (a plain ``scancel`` stops the run as a
+    notice does) or past its time limit has ended for good, and requeued it would come
+    back. Returns why it was not requeued, or None."""
+    shown = _scontrol("show", "job", "-o", job_id)
+    state = dict(w.split("=", 1) for w in shown.split() if "=" in w).get("JobState", "?")
+    if state != "RUNNING":
+        return f"the job is {state}, not running"
     _scontrol("requeue", job_id)
+    return None
 
 
 def step_of(env: Mapping[str, str]) -> Step | None:

@@ -296,13 +296,17 @@ class ProcessSupervisor:
     async def _requeue(self, job: str) -> None:
         """--slurm --requeue, the run's last act once it ended preempted (everything on
         record): SLURM requeues the job, ending this batch script as it does; the job
-        then waits in the queue and resumes from the final save. A refusal (a job not
-        requeueable) is said, and the run ends with its status as it is."""
+        then waits in the queue and resumes from the final save. A job SLURM no longer
+        shows running (cancelled by a person) is left ended; a refusal (a job not
+        requeueable) is said; either way the run ends with its status as it is."""
         self.say("run.requeueing", slurm_job=job)
         try:
-            await anyio.to_thread.run_sync(requeue, job)
+            why_not = await anyio.to_thread.run_sync(requeue, job)
         except SlurmError as exc:
             self.say("run.requeue_failed", slurm_job=job, error=str(exc))
+            return
+        if why_not is not None:
+            self.say("run.requeue_skipped", slurm_job=job, why=why_not)
 
     async def _record_member_end(self, status: int) -> None:
         """One task of an outer run's step: its end, as a fact in the logdir for the
