@@ -206,6 +206,16 @@ def step_ends(job: Job) -> list[tuple[int, str]]:
     ]
 
 
+def ended_as(slurm: Cluster, job: Job, state: str, restarts: str, exit_code: str) -> str:
+    """Once the job is over, SLURM's view of its end (state, requeues, exit code) is
+    this; its log."""
+    shown = wait_for_end(slurm, job.id, job.log)
+    text = job.text()
+    found = (shown["JobState"], shown["Restarts"], shown["ExitCode"])
+    assert found == (state, restarts, exit_code), text[-4000:]
+    return text
+
+
 def assert_resumed_from_agreed_checkpoints(job: Job, ended: list[Any]) -> None:
     """Each start restored one checkpoint both workers agreed on (their records), the
     one the chief's session says; nothing was lost beyond the save interval at a failure,
@@ -270,11 +280,7 @@ def test_trainers_killed_three_times_on_either_node_restart_the_group_and_the_jo
             {"worker": 1, "step": 17, "do": "kill"},  # restores 14
         ],
     )  # fmt: skip
-    state = wait_for_end(slurm, job.id, job.log)
-    text = job.text()
-    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
-        "COMPLETED", "0", "0:0"
-    ), text[-4000:]  # fmt: skip
+    text = ended_as(slurm, job, "COMPLETED", "0", "0:0")
     ends = step_ends(job)
     assert ends == [(137, "1 on n2"), (137, "0 on n1"), (137, "1 on n2"), (0, "")], (
         ends, text[-4000:]
@@ -310,11 +316,7 @@ def test_a_step_hung_on_one_node_logs_its_stack_ends_124_and_the_group_restarts(
         # A step of this job takes milliseconds, but a loaded machine has held one for 10 s.
         worker_options=("--step-timeout", "20"),
     )  # fmt: skip
-    state = wait_for_end(slurm, job.id, job.log)
-    text = job.text()
-    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
-        "COMPLETED", "0", "0:0"
-    ), text[-4000:]  # fmt: skip
+    text = ended_as(slurm, job, "COMPLETED", "0", "0:0")
     # The cause is whichever worker's watchdog fired first (both wait in one all-reduce).
     ends = step_ends(job)
     assert [status for status, _ in ends] == [124, 0], (ends, text[-4000:])
@@ -345,11 +347,7 @@ def noticed(slurm: Cluster, tmp_path: Path, worker_options: tuple[str, ...] = ()
 def assert_noticed_and_resumed(slurm: Cluster, job: Job) -> None:
     """One final save every worker agreed on, 42 at every layer, SLURM's requeue
     (RequeueExit=42), and the requeued run resumed from that save and finished."""
-    state = wait_for_end(slurm, job.id, job.log)
-    text = job.text()
-    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
-        "COMPLETED", "1", "0:0"
-    ), text[-4000:]  # fmt: skip
+    text = ended_as(slurm, job, "COMPLETED", "1", "0:0")
     ends = step_ends(job)
     assert ends == [(42, ""), (0, "")], (ends, text[-4000:])  # nobody failed
     ended = sessions(job)
@@ -421,11 +419,7 @@ def test_a_crash_at_the_same_step_on_every_start_ends_in_the_crash_loop_report_a
         [{"worker": 1, "step": 10, "do": "crash", "again": True}],
         run_options=("--max-failures", "1"),
     )  # fmt: skip
-    state = wait_for_end(slurm, job.id, job.log)
-    text = job.text()
-    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
-        "FAILED", "0", "1:0"
-    ), text[-4000:]  # fmt: skip
+    text = ended_as(slurm, job, "FAILED", "0", "1:0")
     assert step_ends(job) == [(1, "1 on n2"), (1, "1 on n2")], text[-4000:]
     ended = sessions(job)
     # The chief's sessions: both lost their peer at the crash's step, the second restored
@@ -469,11 +463,7 @@ def test_a_node_lost_ends_the_job_which_slurm_requeues_and_which_resumes_once_th
         wait_for_restarts(slurm, job, 1)  # SLURM's own requeue, for the node's failure
     finally:
         slurm.restore_node("n4")
-    state = wait_for_end(slurm, job.id, job.log)
-    text = job.text()
-    assert (state["JobState"], state["Restarts"], state["ExitCode"]) == (
-        "COMPLETED", "1", "0:0"
-    ), text[-4000:]  # fmt: skip
+    text = ended_as(slurm, job, "COMPLETED", "1", "0:0")
     # The requeue was SLURM's, for the node: the first run did not end 42. Its step failed,
     # its worker on n3 having lost its peer; the worker on n4, which recorded nothing, is
     # the cause, whether its outer run wrote the step's line or SLURM ended that run first
