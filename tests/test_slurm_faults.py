@@ -235,10 +235,10 @@ def assert_resumed_from_agreed_checkpoints(job: Job, ended: list[Any]) -> None:
     assert ended[-1].step == STEPS
 
 
-def assert_inspect_tells(job: Job, outcomes: list[str], ends: list[tuple[int, str]]) -> None:
+def assert_inspect_tells(job: Job, outcomes: list[str], ends: list[tuple[int, str]]) -> str:
     """``asupervisor inspect`` tells the job's story: its sessions and how each ended, in
     order, the SLURM job and its requeues, and each attempt of the group, the first to
-    fail marked."""
+    fail marked. Returns what it showed."""
     shown = inspect(job)
     lines = shown.splitlines()
     table = lines.index(next(line for line in lines if line.startswith("sessions (")))
@@ -256,6 +256,7 @@ def assert_inspect_tells(job: Job, outcomes: list[str], ends: list[tuple[int, st
     ]
     causes = [(int(c.split(" on ")[0]), c.split(" on ")[1], st) for st, c in ends if c]
     assert starred == causes, (starred, causes, shown)
+    return shown
 
 
 @pytest.mark.slow
@@ -354,8 +355,7 @@ def assert_noticed_and_resumed(slurm: Cluster, job: Job) -> None:
     assert [s.outcome for s in ended] == ["preempted", "done"], ended
     assert_resumed_from_agreed_checkpoints(job, ended)
     assert ended[0].step is not None and ended[0].step >= 10, ended
-    assert_inspect_tells(job, ["preempted", "done"], ends)
-    shown = inspect(job)
+    shown = assert_inspect_tells(job, ["preempted", "done"], ends)
     assert "(requeued 1 times)" in shown, shown
 
 

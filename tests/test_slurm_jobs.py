@@ -95,6 +95,15 @@ def wait_for_end(slurm: Cluster, job: str, log: Path) -> dict[str, str]:
     raise AssertionError(f"job {job} did not end: {state}\n{log.read_text()}")
 
 
+def wait_for_state(slurm: Cluster, job: str, state: str) -> None:
+    """Until the controller shows the job in ``state`` (bounded)."""
+    for _ in range(600):
+        if job_state(slurm, job).get("JobState") == state:
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"job {job} never {state}: {job_state(slurm, job)}")
+
+
 def starts(out: Path) -> list[dict[str, object]]:
     return [json.loads(p.read_text()) for p in sorted(out.glob("start-*"))]
 
@@ -230,15 +239,9 @@ def test_with_requeue_a_job_a_person_cancelled_is_left_ended(
         env=dict(slurm.env), capture_output=True, text=True, timeout=60, check=True,
     )  # fmt: skip
     job = done.stdout.strip().split(";")[0]
-    for _ in range(600):
-        if job_state(slurm, job).get("JobState") == "RUNNING":
-            break
-        time.sleep(0.1)
+    wait_for_state(slurm, job, "RUNNING")
     subprocess.run(["scancel", job], env=dict(slurm.env), timeout=30, check=True)
-    for _ in range(600):
-        if job_state(slurm, job).get("JobState") == "CANCELLED":
-            break
-        time.sleep(0.1)
+    wait_for_state(slurm, job, "CANCELLED")
     for name, value in slurm.env.items():
         monkeypatch.setenv(name, value)  # the run's scontrol talks to this cluster
     assert requeue(job) == "the job is CANCELLED, not running"

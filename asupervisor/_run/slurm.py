@@ -83,11 +83,17 @@ def node_address(name: str) -> str:
         return name
     except OSError:
         pass
-    shown = _scontrol("show", "node", name, "-o")
-    found = re.search(r"\bNodeAddr=(\S+)", shown)
-    if not found:
+    found = _field(_scontrol("show", "node", name, "-o"), "NodeAddr")
+    if found is None:
         raise SlurmError(f"SLURM gives no address for node {name!r}")
-    return found[1]
+    return found
+
+
+def _field(shown: str, name: str) -> str | None:
+    """The field ``name`` of what ``scontrol show ... -o`` printed (``Name=value`` pairs on
+    one line), or None."""
+    found = re.search(rf"\b{re.escape(name)}=(\S+)", shown)
+    return found[1] if found else None
 
 
 def _scontrol(*args: str) -> str:
@@ -108,8 +114,7 @@ def requeue(job_id: str) -> str | None:
     SLURM still shows running: one cancelled (a plain ``scancel`` stops the run as a
     notice does) or past its time limit has ended for good, and requeued it would come
     back. Returns why it was not requeued, or None."""
-    shown = _scontrol("show", "job", "-o", job_id)
-    state = dict(w.split("=", 1) for w in shown.split() if "=" in w).get("JobState", "?")
+    state = _field(_scontrol("show", "job", "-o", job_id), "JobState") or "?"
     if state != "RUNNING":
         return f"the job is {state}, not running"
     _scontrol("requeue", job_id)
